@@ -1,0 +1,64 @@
+"""Import-only placeholder for `sgl_kernel` on machines without CUDA (labkit.compat.sglang).
+
+PyPI's sglang-kernel is a CUDA build (it needs libcuda at import) and the CPU build is source-only.
+SGLang's CPU engine imports a few `*_cpu` kernels at module load but its basic generate and
+weight-update paths never call them. Every name here is a function that raises NotImplementedError
+naming itself, so a path that needs a real kernel fails loudly, never silently.
+"""
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import types
+
+__version__ = "0.0.0+labkit.placeholder"
+LABKIT_PLACEHOLDER = True
+
+
+def _stub(name):
+    def kernel(*args, **kwargs):
+        raise NotImplementedError(
+            f"sgl_kernel placeholder: {name} called; this path needs a real SGLang kernel (GPU, or a CPU build of sgl_kernel)"
+        )
+
+    kernel.__name__ = name.rsplit(".", 1)[-1]
+    kernel.__qualname__ = name
+    return kernel
+
+
+def __getattr__(name):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return _stub(f"sgl_kernel.{name}")
+
+
+def _module_getattr(prefix):
+    def getattr_(name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _stub(f"{prefix}.{name}")
+
+    return getattr_
+
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves every `sgl_kernel.<sub>` module; `scalar_type` is pure Python and is served from our copy."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname.startswith("sgl_kernel.") and fullname != "sgl_kernel.scalar_type":
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        m = types.ModuleType(spec.name)
+        m.__path__ = []
+        m.__getattr__ = _module_getattr(spec.name)
+        return m
+
+    def exec_module(self, module):
+        pass
+
+
+if not any(type(f).__name__ == "_Finder" and type(f).__module__ == __name__ for f in sys.meta_path):
+    sys.meta_path.insert(0, _Finder())

@@ -1,0 +1,78 @@
+"""Small typed configs, validated on construction.
+
+Every bad value fails here, before anything is built, with a message that names the field, the value
+and what is allowed. Notebooks and the CLI build these from plain literals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def check(ok: bool, name: str, value: object, allowed: str) -> None:
+    """Raise a ValueError that names the parameter, the bad value and what is allowed."""
+    if not ok:
+        raise ValueError(f"{name}={value!r} is invalid: expected {allowed}")
+
+
+def _int(name: str, value: object, lo: int = 1) -> None:
+    check(isinstance(value, int) and not isinstance(value, bool) and value >= lo, name, value, f"an integer >= {lo}")
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class ModelSpec:
+    """Sizes of the tiny MiMo-style model (Qwen2 trunk + MTP layers). Defaults train on 2 CPU cores in minutes."""
+
+    hidden: int = 128
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    ffn: int = 384
+    mtp_layers: int = 1
+    max_positions: int = 256
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for f in ("hidden", "layers", "heads", "kv_heads", "ffn", "max_positions"):
+            _int(f, getattr(self, f))
+        _int("mtp_layers", self.mtp_layers, lo=0)
+        _int("seed", self.seed, lo=0)
+        check(self.hidden % self.heads == 0, "hidden", self.hidden, f"a multiple of heads={self.heads}")
+        check(self.heads % self.kv_heads == 0, "kv_heads", self.kv_heads, f"a divisor of heads={self.heads}")
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class ParallelSpec:
+    """Megatron model parallelism. Each rank is one process (a Ray actor); gloo on CPU, NCCL on GPU."""
+
+    tp: int = 1
+    pp: int = 1
+
+    def __post_init__(self) -> None:
+        _int("tp", self.tp)
+        _int("pp", self.pp)
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class TrainConfig:
+    """Optimizer and loss settings for the Megatron trainer."""
+
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    clip_grad: float = 1.0
+    mtp_loss_scale: float = 0.1  # Megatron's mtp_loss_scaling_factor
+    micro_batches: int = 1
+    seed: int = 1234
+
+    def __post_init__(self) -> None:
+        check(isinstance(self.lr, (int, float)) and 0 < self.lr < 1, "lr", self.lr, "a float in (0, 1)")
+        check(isinstance(self.weight_decay, (int, float)) and self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
+        check(isinstance(self.clip_grad, (int, float)) and self.clip_grad > 0, "clip_grad", self.clip_grad, "> 0")
+        check(isinstance(self.mtp_loss_scale, (int, float)) and self.mtp_loss_scale >= 0,
+              "mtp_loss_scale", self.mtp_loss_scale, ">= 0")
+        _int("micro_batches", self.micro_batches)
+        _int("seed", self.seed, lo=0)

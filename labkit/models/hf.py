@@ -1,0 +1,103 @@
+"""Reading an HF model directory, and transformers reference forwards (the parity oracle for the trainer).
+
+`load_hf_config` validates the directory before anything heavy runs. `ReferenceModel` runs the trunk as
+transformers' Qwen2 and the MTP head exactly as MiMo/SGLang/vLLM compute it:
+input_proj(cat([hidden_layernorm(h_i), token_layernorm(embed(t_{i+1}))])) -> decoder layer -> final_layernorm.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# mbridge model types labkit has exercised; others in mbridge's registry work on GPU at the user's risk.
+KNOWN_MODEL_TYPES = ("mimo", "qwen2", "qwen3", "llama")
+
+
+def read_config_json(model_dir: str | Path) -> dict:
+    d = Path(model_dir)
+    if not d.is_dir():
+        raise FileNotFoundError(f"model_dir={str(model_dir)!r} is not a directory")
+    f = d / "config.json"
+    if not f.is_file():
+        raise FileNotFoundError(f"model_dir={str(model_dir)!r} has no config.json: expected an HF model directory")
+    cfg = json.loads(f.read_text())
+    mt = cfg.get("model_type")
+    if mt not in KNOWN_MODEL_TYPES:
+        raise ValueError(f"model_type={mt!r} in {f} is not supported: expected one of {', '.join(KNOWN_MODEL_TYPES)}")
+    return cfg
+
+
+def load_hf_config(model_dir: str | Path):
+    """A transformers config object for mbridge. MiMo is a Qwen2 config plus `num_nextn_predict_layers`."""
+    from transformers import AutoConfig, Qwen2Config
+
+    cfg = read_config_json(model_dir)
+    if cfg["model_type"] == "mimo":
+        keep = {k: v for k, v in cfg.items() if k not in ("model_type", "auto_map", "architectures")}
+        hf = Qwen2Config(**keep)
+        hf.model_type = "mimo"
+        hf.architectures = cfg.get("architectures", ["MiMoForCausalLM"])
+        hf.num_nextn_predict_layers = int(cfg.get("num_nextn_predict_layers", 0))
+    else:
+        hf = AutoConfig.from_pretrained(str(model_dir))
+    from labkit.trainer.bridge import fix_rope_theta
+
+    fix_rope_theta(hf)
+    return hf
+
+
+class ReferenceModel:
+    """transformers Qwen2 trunk + MiMo-order MTP heads, loaded from HF-named tensors (fp32, CPU)."""
+
+    def __init__(self, model_dir: str | Path, named_tensors=None):
+        import torch
+        from safetensors.torch import load_file
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+        from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RMSNorm
+
+        cfg = read_config_json(model_dir)
+        keep = {k: v for k, v in cfg.items() if k not in ("model_type", "auto_map", "architectures")}
+        self.config = Qwen2Config(**keep)
+        self.config._attn_implementation = "sdpa"  # sdpa with mask=None is causal; eager would not be
+        weights = dict(named_tensors) if named_tensors is not None else load_file(str(Path(model_dir) / "model.safetensors"))
+        with torch.device("cpu"):
+            self.trunk = Qwen2ForCausalLM(self.config).float().eval()
+        trunk_sd = {k: v for k, v in weights.items() if ".mtp_layers." not in k}
+        self.trunk.load_state_dict(trunk_sd, strict=True)
+        self.mtp = []
+        n_mtp = int(cfg.get("num_nextn_predict_layers", 0))
+        h, eps = self.config.hidden_size, self.config.rms_norm_eps
+        for i in range(n_mtp):
+            p = f"model.mtp_layers.{i}."
+            layer = Qwen2DecoderLayer(self.config, layer_idx=0).float().eval()
+            layer.load_state_dict({k[len(p):]: v for k, v in weights.items()
+                                   if k.startswith(p) and k[len(p):].split(".")[0] in
+                                   ("input_layernorm", "post_attention_layernorm", "self_attn", "mlp")}, strict=True)
+            norms = {n: Qwen2RMSNorm(h, eps=eps).eval() for n in ("token_layernorm", "hidden_layernorm", "final_layernorm")}
+            for n, m in norms.items():
+                m.weight.data.copy_(weights[p + n + ".weight"])
+            proj = torch.nn.Linear(2 * h, h, bias=False).eval()
+            proj.weight.data.copy_(weights[p + "input_proj.weight"])
+            self.mtp.append({"layer": layer, "proj": proj, **norms})
+
+    def forward(self, tokens):
+        """Main logits [b, s, V] and, per MTP layer, logits [b, s, V] where position i predicts t_{i+2+k}."""
+        import torch
+
+        with torch.no_grad():
+            out = self.trunk(input_ids=tokens, output_hidden_states=True)
+            hidden = out.hidden_states[-1]  # post final norm, as Megatron and SGLang hand it to the MTP head
+            mtp_logits, ids = [], tokens
+            for head in self.mtp:
+                ids = torch.roll(ids, -1, dims=1)
+                ids[:, -1] = 0  # Megatron's roll_tensor zero-fills the wrapped position
+                emb = self.trunk.model.embed_tokens(ids)
+                x = head["proj"](torch.cat([head["hidden_layernorm"](hidden), head["token_layernorm"](emb)], dim=-1))
+                pos = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens)
+                rope = self.trunk.model.rotary_emb(x, pos)
+                x = head["layer"](x, attention_mask=None, position_ids=pos, position_embeddings=rope)
+                x = x[0] if isinstance(x, tuple) else x
+                hidden = head["final_layernorm"](x)
+                mtp_logits.append(self.trunk.lm_head(hidden))
+            return {"logits": out.logits.float(), "mtp_logits": [m.float() for m in mtp_logits]}

@@ -1,0 +1,141 @@
+"""A tiny MiMo-style model directory: Qwen2 trunk + MTP layers, char tokenizer, safetensors weights.
+
+The directory has the same shape as a real MiMo checkpoint (`model_type: mimo`, `num_nextn_predict_layers`,
+`model.mtp_layers.{i}.*` tensors), so every code path that takes it also takes a real HF checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from labkit.config import ModelSpec
+from labkit.models.tokenizer import BOS, EOS, PAD, VOCAB, save_char_tokenizer
+
+VOCAB_SIZE = 128  # len(VOCAB) padded so TP=2 splits the embedding evenly
+
+# Shipped beside config.json so transformers/SGLang resolve `model_type: mimo` (as MiMo's own repo does).
+_CONFIGURATION_MIMO = '''from transformers.models.qwen2.configuration_qwen2 import Qwen2Config
+
+
+class MiMoConfig(Qwen2Config):
+    model_type = "mimo"
+
+    def __init__(self, *args, num_nextn_predict_layers=0, **kwargs):
+        self.num_nextn_predict_layers = num_nextn_predict_layers
+        super().__init__(*args, **kwargs)
+'''
+
+
+def hf_config(spec: ModelSpec) -> dict:
+    return {
+        "architectures": ["MiMoForCausalLM"],
+        "model_type": "mimo",
+        "auto_map": {"AutoConfig": "configuration_mimo.MiMoConfig"},
+        "vocab_size": VOCAB_SIZE,
+        "hidden_size": spec.hidden,
+        "intermediate_size": spec.ffn,
+        "num_hidden_layers": spec.layers,
+        "num_attention_heads": spec.heads,
+        "num_key_value_heads": spec.kv_heads,
+        "max_position_embeddings": spec.max_positions,
+        "max_window_layers": spec.layers,
+        "num_nextn_predict_layers": spec.mtp_layers,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "use_sliding_window": False,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "bos_token_id": BOS,
+        "eos_token_id": EOS,
+        "pad_token_id": PAD,
+        "torch_dtype": "float32",
+    }
+
+
+def _layer_shapes(prefix: str, h: int, q: int, kv: int, ffn: int) -> dict[str, tuple[int, ...]]:
+    return {
+        f"{prefix}.input_layernorm.weight": (h,),
+        f"{prefix}.self_attn.q_proj.weight": (q, h),
+        f"{prefix}.self_attn.q_proj.bias": (q,),
+        f"{prefix}.self_attn.k_proj.weight": (kv, h),
+        f"{prefix}.self_attn.k_proj.bias": (kv,),
+        f"{prefix}.self_attn.v_proj.weight": (kv, h),
+        f"{prefix}.self_attn.v_proj.bias": (kv,),
+        f"{prefix}.self_attn.o_proj.weight": (h, q),
+        f"{prefix}.post_attention_layernorm.weight": (h,),
+        f"{prefix}.mlp.gate_proj.weight": (ffn, h),
+        f"{prefix}.mlp.up_proj.weight": (ffn, h),
+        f"{prefix}.mlp.down_proj.weight": (h, ffn),
+    }
+
+
+def tensor_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+    """HF names and shapes of a MiMo checkpoint with these sizes (MTP layers under model.mtp_layers.{i})."""
+    h, hd = spec.hidden, spec.hidden // spec.heads
+    q, kv = spec.heads * hd, spec.kv_heads * hd
+    shapes = {"model.embed_tokens.weight": (VOCAB_SIZE, h)}
+    for i in range(spec.layers):
+        shapes.update(_layer_shapes(f"model.layers.{i}", h, q, kv, spec.ffn))
+    shapes["model.norm.weight"] = (h,)
+    shapes["lm_head.weight"] = (VOCAB_SIZE, h)
+    for i in range(spec.mtp_layers):
+        p = f"model.mtp_layers.{i}"
+        shapes.update({f"{p}.token_layernorm.weight": (h,), f"{p}.hidden_layernorm.weight": (h,),
+                       f"{p}.input_proj.weight": (h, 2 * h), f"{p}.final_layernorm.weight": (h,)})
+        shapes.update(_layer_shapes(p, h, q, kv, spec.ffn))
+    return shapes
+
+
+def init_weights(spec: ModelSpec) -> dict:
+    """Deterministic random weights. Norms are perturbed from 1 so parity checks exercise them."""
+    import torch
+
+    g = torch.Generator().manual_seed(spec.seed)
+    out = {}
+    for name, shape in tensor_shapes(spec).items():
+        if name.endswith("norm.weight"):
+            t = 1.0 + 0.1 * torch.randn(shape, generator=g)
+        elif name.endswith(".bias"):
+            t = 0.02 * torch.randn(shape, generator=g)
+        else:
+            t = 0.02 * torch.randn(shape, generator=g)
+        out[name] = t.contiguous()
+    return out
+
+
+def make_tiny_mimo(out: str | Path, spec: ModelSpec | None = None, weights: dict | None = None) -> Path:
+    """Write a complete model directory (config, tokenizer, safetensors) and return its path."""
+    from safetensors.torch import save_file
+
+    spec = spec or ModelSpec()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(hf_config(spec), indent=2))
+    (out / "configuration_mimo.py").write_text(_CONFIGURATION_MIMO)
+    (out / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": PAD, "do_sample": False}))
+    save_char_tokenizer(out)
+    save_file(weights if weights is not None else init_weights(spec), str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    return out
+
+
+def save_weights_as(src: str | Path, out: str | Path, named_tensors) -> Path:
+    """Copy a model directory, replacing its weights with `named_tensors` (e.g. a trainer export)."""
+    from safetensors.torch import save_file
+
+    src, out = Path(src), Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
+            shutil.copy2(f, out / f.name)
+    save_file({k: v.detach().contiguous().cpu() for k, v in dict(named_tensors).items()},
+              str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+assert len(VOCAB) <= VOCAB_SIZE

@@ -1,0 +1,41 @@
+"""The arithmetic task: prompt "37+45=", answer "82", reward 1 for the exact answer. Pure Python."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from labkit.models.tokenizer import EOS, encode
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    prompt: str
+    answer: str
+
+
+def problems(n: int, seed: int = 0, max_operand: int = 99) -> list[Problem]:
+    if n < 1:
+        raise ValueError(f"n={n!r} is invalid: expected an integer >= 1")
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
+        out.append(Problem(f"{a}+{b}=", str(a + b)))
+    return out
+
+
+def reward(problem: Problem, completion: str) -> float:
+    """1.0 when the completion (up to the first end-of-sequence or newline) is exactly the answer."""
+    return float(completion.split("\n")[0].strip() == problem.answer)
+
+
+def sequence(problem: Problem) -> tuple[list[int], list[int]]:
+    """Token ids of prompt + answer + EOS, and a mask that is 1 on the answer/EOS tokens."""
+    p, a = encode(problem.prompt), encode(problem.answer) + [EOS]
+    return p + a, [0] * len(p) + [1] * len(a)
+
+
+def corpus(n: int, seed: int = 0) -> list[str]:
+    """Plain strings for pretraining: one solved problem per line."""
+    return [f"{p.prompt}{p.answer}" for p in problems(n, seed)]

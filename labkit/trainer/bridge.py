@@ -1,0 +1,100 @@
+"""labkit's fixes to mbridge 0.15.1, applied to one bridge instance (mbridge itself is left untouched).
+
+- local (non-Transformer-Engine) layer spec where TE is absent, plus the norm-name mappings it needs;
+- MiMo's MTP block spec (stock MimoBridge passes the config as the spec and fails even on GPU);
+- transformers 5 moved `rope_theta` into `rope_parameters`;
+- MiMo computes its MTP projection on cat([hidden, embeds]) while Megatron uses cat([embeds, hidden]):
+  `input_proj` <-> `eh_proj` swap their two column halves on load and on export (slime PR #691);
+- under PP>1 the MTP stage re-exports the shared embedding: duplicate names are dropped on export.
+"""
+
+from __future__ import annotations
+
+import torch
+
+SWAP_HALVES = ("eh_proj.weight",)
+
+
+def has_transformer_engine() -> bool:
+    try:
+        import transformer_engine  # noqa: F401
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def swap_halves(w: torch.Tensor) -> torch.Tensor:
+    """[A | B] -> [B | A] along the input dimension (its own inverse)."""
+    h = w.shape[1] // 2
+    return torch.cat([w[:, h:], w[:, :h]], dim=1).contiguous()
+
+
+def fix_rope_theta(hf_config) -> None:
+    if getattr(hf_config, "rope_theta", None) is None:
+        params = getattr(hf_config, "rope_parameters", None) or {}
+        hf_config.rope_theta = params.get("rope_theta", 10000.0)
+
+
+def patch_bridge(bridge):
+    """Return `bridge` with labkit's fixes bound to it."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_mtp_block_spec
+
+    cls = type(bridge)
+    use_te = has_transformer_engine()
+    is_mimo = getattr(bridge.hf_config, "model_type", "") == "mimo"
+
+    def layer_spec(self, vp_stage=None):
+        self.has_vp_stage = True
+        return get_gpt_decoder_block_spec(self.config, use_transformer_engine=use_te, vp_stage=vp_stage)
+
+    bridge._get_transformer_layer_spec = layer_spec.__get__(bridge)
+    if not use_te:
+        # The local spec keeps norms as separate modules instead of TE's fused layer_norm_weight.
+        bridge._MLP_MAPPING = {**cls._MLP_MAPPING,
+                               "pre_mlp_layernorm.weight": ["model.layers.{layer_number}.post_attention_layernorm.weight"]}
+        bridge._OTHER_MAPPING = {**getattr(cls, "_OTHER_MAPPING", {}),
+                                 "input_layernorm.weight": ["model.layers.{layer_number}.input_layernorm.weight"]}
+        bridge._ATTENTION_MAPPING = {**cls._ATTENTION_MAPPING,
+                                     "input_layernorm.weight": ["model.layers.{layer_number}.input_layernorm.weight"]}
+
+    base_args = bridge._get_gptmodel_args
+
+    def gptmodel_args(self):
+        fix_rope_theta(self.hf_config)
+        if not self.config.mtp_num_layers:
+            return base_args()
+        from mbridge.models.qwen2 import Qwen2Bridge
+
+        ret = Qwen2Bridge._get_gptmodel_args(self)
+        ret["mtp_block_spec"] = get_gpt_mtp_block_spec(self.config, self._get_transformer_layer_spec(),
+                                                       use_transformer_engine=use_te)
+        return ret
+
+    bridge._get_gptmodel_args = gptmodel_args.__get__(bridge)
+
+    if is_mimo:
+        to_mcore, to_hf = bridge._weight_to_mcore_format, bridge._weight_to_hf_format
+
+        def weight_to_mcore(name, hf_weights):
+            w = to_mcore(name, hf_weights)
+            return swap_halves(w) if name.endswith(SWAP_HALVES) else w
+
+        def weight_to_hf(name, w):
+            names, ws = to_hf(name, w)
+            if name.endswith(SWAP_HALVES):
+                ws = [swap_halves(x) for x in ws]
+            return names, ws
+
+        bridge._weight_to_mcore_format = weight_to_mcore
+        bridge._weight_to_hf_format = weight_to_hf
+    return bridge
+
+
+def export_unique(bridge, models):
+    """mbridge's export with duplicates dropped (PP>1 + MTP exports the shared embedding twice)."""
+    seen = set()
+    for name, t in bridge.export_weights(models):
+        if name in seen:
+            continue
+        seen.add(name)
+        yield name, t

@@ -1,0 +1,72 @@
+"""The trainer as a group of Ray actors, one per Megatron rank (TP x PP)."""
+
+from __future__ import annotations
+
+import os
+
+from labkit.config import ParallelSpec, TrainConfig
+
+
+class Trainer:
+    """Driver-side handle: every call fans out to all ranks and returns the output rank's result.
+
+    >>> t = Trainer("data/tiny", ParallelSpec(tp=2))
+    >>> t.train_step(tokens, loss_mask)["train/loss"]
+    """
+
+    def __init__(self, model_dir: str, parallel: ParallelSpec | None = None, train: TrainConfig | None = None,
+                 *, placement=None):
+        import ray
+
+        from labkit.cluster import runtime
+        from labkit.models.hf import read_config_json
+        from labkit.trainer.rank import TrainerRank
+
+        read_config_json(model_dir)  # fail on a bad directory before any process starts
+        runtime.init()
+        self.parallel, self.train_cfg = parallel or ParallelSpec(), train or TrainConfig()
+        world = self.parallel.world_size
+        threads = max(1, (os.cpu_count() or 1) // world)
+        gpu = 1 if ray.cluster_resources().get("GPU", 0) >= world else 0
+        actor = ray.remote(TrainerRank)
+        self.actors = []
+        for r in range(world):
+            opts = {"num_cpus": 1, "num_gpus": gpu}
+            if placement is not None:
+                opts["scheduling_strategy"] = placement.strategy(f"trainer:{r}")
+            self.actors.append(actor.options(**opts).remote(parallel=self.parallel, train=self.train_cfg,
+                                                             threads=threads))
+        addr, port = ray.get(self.actors[0].address.remote())
+        self.compat = self._all("setup", *[None] * 0, _per_rank=lambda r: (r, world, addr, port))[0]
+        self.info = [i for i in self._all("load", model_dir)]
+        self.model_dir = model_dir
+
+    def _all(self, method: str, *args, _per_rank=None, **kwargs) -> list:
+        import ray
+
+        refs = [getattr(a, method).remote(*(_per_rank(r) if _per_rank else args), **kwargs)
+                for r, a in enumerate(self.actors)]
+        return ray.get(refs)
+
+    def _one(self, method: str, *args, **kwargs):
+        return next(x for x in self._all(method, *args, **kwargs) if x is not None)
+
+    def train_step(self, tokens, loss_mask, weights=None, mtp_only: bool = False) -> dict:
+        return self._one("train_step", tokens, loss_mask, weights, mtp_only)
+
+    def forward(self, tokens) -> dict:
+        return self._one("forward", tokens)
+
+    def export(self) -> list:
+        return self._one("export")
+
+    @property
+    def num_params(self) -> int:
+        return sum(i["params"] for i in self.info)
+
+    def shutdown(self) -> None:
+        import ray
+
+        for a in self.actors:
+            ray.kill(a)
+        self.actors = []

@@ -1,0 +1,218 @@
+"""One Megatron-core rank: model built from an HF directory through mbridge, Megatron DDP + optimizer, export.
+
+A `TrainerRank` lives in its own process (a Ray actor, see `labkit.trainer.group`); TP/PP ranks talk over
+gloo on CPU and NCCL on GPU. Every rank runs every call (they are collective); results that only one
+rank holds are returned there and None elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from functools import partial
+
+import torch
+
+from labkit.config import ParallelSpec, TrainConfig
+
+
+def _init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, parallel: ParallelSpec):
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    if not dist.is_initialized():
+        dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
+                                world_size=world_size, timeout=timedelta(minutes=5))
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(parallel.tp, parallel.pp)
+
+
+class TrainerRank:
+    """Megatron model + optimizer on one rank. Construct with the rank's place in the world, then `load()`."""
+
+    def __init__(self, *, parallel: ParallelSpec, train: TrainConfig, threads: int | None = None):
+        if threads:
+            torch.set_num_threads(threads)
+        self.parallel, self.train_cfg = parallel, train
+        self.rank, self.compat = None, []
+        self.models = self.bridge = self.optimizer = None
+
+    def address(self) -> tuple[str, int]:
+        """This node's IP and a free port: rank 0 hosts the rendezvous (works on any Ray cluster)."""
+        from labkit.cluster.runtime import free_port, node_ip
+
+        return node_ip(), free_port()
+
+    def setup(self, rank: int, world_size: int, master_addr: str, master_port: int) -> list[str]:
+        from labkit.compat import megatron as compat
+
+        self.rank = rank
+        self.compat = compat.apply()
+        _init_distributed(rank, world_size, master_addr, master_port, self.parallel)
+        compat.model_parallel_seed(self.train_cfg.seed)
+        return self.compat
+
+    # ---------------------------------------------------------------- build
+    def load(self, model_dir: str) -> dict:
+        """Build the Megatron model from `model_dir` (config + safetensors) and the optimizer."""
+        from megatron.core.distributed import finalize_model_grads
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        from labkit.compat import megatron as compat
+        from labkit.models.hf import load_hf_config
+        from labkit.trainer.bridge import patch_bridge
+        from mbridge import AutoBridge
+
+        hf_config = load_hf_config(model_dir)
+        heads = hf_config.num_attention_heads
+        kv = getattr(hf_config, "num_key_value_heads", heads)
+        for what, n in (("num_attention_heads", heads), ("num_key_value_heads", kv)):
+            if n % self.parallel.tp:
+                raise ValueError(f"tp={self.parallel.tp} is invalid: it must divide {what}={n} of {model_dir}")
+        layers = hf_config.num_hidden_layers
+        if layers % self.parallel.pp:
+            raise ValueError(f"pp={self.parallel.pp} is invalid: it must divide num_hidden_layers={layers}")
+
+        dtype = torch.float32 if not torch.cuda.is_available() else torch.bfloat16
+        bridge = patch_bridge(AutoBridge.from_config(hf_config, dtype=dtype))
+        bridge.set_extra_args(use_cpu_initialization=not torch.cuda.is_available(), masked_softmax_fusion=False,
+                              sequence_parallel=False, hidden_dropout=0.0, attention_dropout=0.0,
+                              mtp_loss_scaling_factor=self.train_cfg.mtp_loss_scale)
+        ddp = dict(grad_reduce_in_fp32=True, use_distributed_optimizer=False, overlap_grad_reduce=False,
+                   bucket_size=None)
+        models = bridge.get_model(bf16=dtype is torch.bfloat16, wrap_with_ddp=True, ddp_config=ddp)
+        bridge.load_weights(models, model_dir)
+        cfg = OptimizerConfig(optimizer="adam", lr=self.train_cfg.lr, weight_decay=self.train_cfg.weight_decay,
+                              clip_grad=self.train_cfg.clip_grad, bf16=dtype is torch.bfloat16,
+                              params_dtype=dtype, use_distributed_optimizer=False)
+        with compat.optimizer_scope():
+            self.optimizer = get_megatron_optimizer(cfg, models)
+        mcfg = models[0].config
+        mcfg.finalize_model_grads_func = finalize_model_grads
+        mcfg.grad_scale_func = self.optimizer.scale_loss
+        self.models, self.bridge, self.model_dir = models, bridge, model_dir
+        n = sum(p.numel() for m in models for p in m.parameters())
+        return {"rank": self.rank, "params": n, "mtp_layers": mcfg.mtp_num_layers or 0, "compat": self.compat}
+
+    @property
+    def _is_output_rank(self) -> bool:
+        from megatron.core import parallel_state as ps
+
+        return ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0
+
+    # ---------------------------------------------------------------- train
+    def train_step(self, tokens: torch.Tensor, loss_mask: torch.Tensor, weights: torch.Tensor | None = None,
+                   mtp_only: bool = False) -> dict | None:
+        """One optimizer step on next-token loss over `loss_mask` positions (+ Megatron's MTP loss).
+
+        `weights` scales each sequence's token losses (advantages in RL). Returns metrics on the output rank.
+        """
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+        from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+        from labkit.compat import megatron as compat
+
+        for m in self.models:
+            m.train()
+            m.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        batch = _make_batch(tokens, loss_mask, weights)
+        n_micro = min(self.train_cfg.micro_batches, tokens.shape[0])
+        micro = [{k: v.chunk(n_micro)[i] for k, v in batch.items()} for i in range(n_micro)]
+        out = get_forward_backward_func()(
+            forward_step_func=partial(_forward_step, total_tokens=float(batch["loss_mask"].sum().clamp(min=1))),
+            data_iterator=iter(micro), model=self.models, num_microbatches=n_micro,
+            seq_length=tokens.shape[1], micro_batch_size=micro[0]["tokens"].shape[0], forward_only=False)
+        with compat.optimizer_scope():
+            ok, grad_norm, _ = self.optimizer.step()
+        mtp = MTPLossLoggingHelper.tracker.get("values")
+        mtp_loss = float(mtp.sum()) / n_micro if mtp is not None else float("nan")
+        if mtp is not None:
+            MTPLossLoggingHelper.clean_loss_in_tracker()
+        if not self._is_output_rank:
+            return None
+        loss = sum(float(o["lm loss"]) for o in out)
+        return {"train/loss": loss, "mtp/loss": mtp_loss, "train/grad_norm": float(grad_norm or 0.0),
+                "train/update_ok": bool(ok)}
+
+    # ---------------------------------------------------------------- forward
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor) -> dict | None:
+        """Full-vocab logits of the main head and of each MTP head ([b, s, V] each) on the output rank."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        for m in self.models:
+            m.eval()
+        captured: dict = {}
+        batch = _make_batch(tokens, torch.ones_like(tokens), None)
+        get_forward_backward_func()(
+            forward_step_func=partial(_logits_step, captured=captured), data_iterator=iter([batch]),
+            model=self.models, num_microbatches=1, seq_length=tokens.shape[1],
+            micro_batch_size=tokens.shape[0], forward_only=True)
+        return captured if self._is_output_rank else None
+
+    # ---------------------------------------------------------------- export
+    @torch.no_grad()
+    def export(self, to_cpu: bool = True) -> list[tuple[str, torch.Tensor]] | None:
+        """HF-named full tensors (TP-gathered, PP-broadcast) on rank 0; every rank must call it."""
+        from labkit.trainer.bridge import export_unique
+
+        out = [(n, t.detach().to("cpu") if to_cpu else t.detach()) for n, t in export_unique(self.bridge, self.models)]
+        return out if self.rank == 0 else None
+
+
+def _make_batch(tokens, loss_mask, weights):
+    tokens = tokens.long()
+    labels = torch.roll(tokens, -1, dims=1)
+    mask = torch.roll(loss_mask.float(), -1, dims=1)  # mask marks *target* tokens; predictor is one to the left
+    mask[:, -1] = 0.0
+    if weights is not None:
+        mask = mask * weights.float().view(-1, 1)
+    pos = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens).contiguous()
+    return {"tokens": tokens, "labels": labels, "loss_mask": mask, "position_ids": pos}
+
+
+def _forward_step(data_iterator, model, total_tokens: float):
+    b = next(data_iterator)
+    out = model(b["tokens"], b["position_ids"], None, labels=b["labels"], loss_mask=b["loss_mask"])
+
+    def loss_func(output_tensor):
+        # Normalise by the whole batch's token count so micro-batching and PP give the same loss.
+        loss = (output_tensor.float() * b["loss_mask"]).sum() / total_tokens
+        return loss, {"lm loss": loss.detach()}
+
+    return out, loss_func
+
+
+def _logits_step(data_iterator, model, captured: dict):
+    from megatron.core.utils import unwrap_model
+
+    b = next(data_iterator)
+    inner = unwrap_model(model)
+    mtp = getattr(inner, "mtp_process", False) and inner.config.mtp_num_layers
+    hook = inner.mtp.register_forward_hook(lambda m, i, o: captured.__setitem__("_h", o)) if mtp else None
+    try:
+        # labels=None crashes GPTModel with MTP (labels.clone()); pass dummies and read the heads' hidden states.
+        dummy = torch.zeros_like(b["tokens"]) if mtp else None
+        out = model(b["tokens"], b["position_ids"], None, labels=dummy, loss_mask=dummy,
+                    runtime_gather_output=True)
+    finally:
+        if hook:
+            hook.remove()
+
+    def loss_func(output_tensor):
+        if inner.post_process:
+            if mtp:
+                w = inner.shared_embedding_or_output_weight() if inner.share_embeddings_and_output_weights else None
+                parts = torch.chunk(captured.pop("_h"), 1 + inner.config.mtp_num_layers, dim=0)
+                logits = [inner.output_layer(p, weight=w, runtime_gather_output=True)[0].transpose(0, 1).float()
+                          for p in parts]
+                captured["logits"], captured["mtp_logits"] = logits[0], logits[1:]
+            else:
+                captured["logits"], captured["mtp_logits"] = output_tensor.float(), []
+        return output_tensor.float().sum() * 0.0, {}
+
+    return out, loss_func
