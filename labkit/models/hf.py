@@ -28,6 +28,18 @@ def read_config_json(model_dir: str | Path) -> dict:
     return cfg
 
 
+def check_parallel(cfg: dict, tp: int, pp: int) -> None:
+    """TP must divide the attention and KV heads, PP the layers (checked before any process starts)."""
+    heads = cfg.get("num_attention_heads", 1)
+    for what in ("num_attention_heads", "num_key_value_heads"):
+        n = cfg.get(what, heads)
+        if n % tp:
+            raise ValueError(f"tp={tp} is invalid: it must divide {what}={n}")
+    layers = cfg.get("num_hidden_layers", 1)
+    if layers % pp:
+        raise ValueError(f"pp={pp} is invalid: it must divide num_hidden_layers={layers}")
+
+
 def load_hf_config(model_dir: str | Path):
     """A transformers config object for mbridge. MiMo is a Qwen2 config plus `num_nextn_predict_layers`."""
     from transformers import AutoConfig, Qwen2Config

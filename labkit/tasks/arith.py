@@ -39,3 +39,19 @@ def sequence(problem: Problem) -> tuple[list[int], list[int]]:
 def corpus(n: int, seed: int = 0) -> list[str]:
     """Plain strings for pretraining: one solved problem per line."""
     return [f"{p.prompt}{p.answer}" for p in problems(n, seed)]
+
+
+def batch(items: list[Problem]):
+    """Right-padded token ids [b, s] and the answer mask [b, s] (torch tensors) for supervised steps."""
+    import torch
+
+    from labkit.models.tokenizer import PAD
+
+    seqs = [sequence(p) for p in items]
+    s = max(len(t) for t, _ in seqs)
+    tokens = torch.full((len(seqs), s), PAD, dtype=torch.long)
+    mask = torch.zeros((len(seqs), s), dtype=torch.long)
+    for i, (t, m) in enumerate(seqs):
+        tokens[i, : len(t)] = torch.tensor(t)
+        mask[i, : len(m)] = torch.tensor(m)
+    return tokens, mask

@@ -19,12 +19,13 @@ class Trainer:
         import ray
 
         from labkit.cluster import runtime
-        from labkit.models.hf import read_config_json
+        from labkit.models.hf import check_parallel, read_config_json
         from labkit.trainer.rank import TrainerRank
 
-        read_config_json(model_dir)  # fail on a bad directory before any process starts
-        runtime.init()
         self.parallel, self.train_cfg = parallel or ParallelSpec(), train or TrainConfig()
+        # Fail on a bad directory or layout before any process starts.
+        check_parallel(read_config_json(model_dir), self.parallel.tp, self.parallel.pp)
+        runtime.init()
         world = self.parallel.world_size
         threads = max(1, (os.cpu_count() or 1) // world)
         gpu = 1 if ray.cluster_resources().get("GPU", 0) >= world else 0
@@ -37,8 +38,8 @@ class Trainer:
             self.actors.append(actor.options(**opts).remote(parallel=self.parallel, train=self.train_cfg,
                                                              threads=threads))
         addr, port = ray.get(self.actors[0].address.remote())
-        self.compat = self._all("setup", *[None] * 0, _per_rank=lambda r: (r, world, addr, port))[0]
-        self.info = [i for i in self._all("load", model_dir)]
+        self.compat = self._all("setup", _per_rank=lambda r: (r, world, addr, port))[0]
+        self.info = self._all("load", model_dir)
         self.model_dir = model_dir
 
     def _all(self, method: str, *args, _per_rank=None, **kwargs) -> list:

@@ -67,15 +67,6 @@ class TrainerRank:
         from mbridge import AutoBridge
 
         hf_config = load_hf_config(model_dir)
-        heads = hf_config.num_attention_heads
-        kv = getattr(hf_config, "num_key_value_heads", heads)
-        for what, n in (("num_attention_heads", heads), ("num_key_value_heads", kv)):
-            if n % self.parallel.tp:
-                raise ValueError(f"tp={self.parallel.tp} is invalid: it must divide {what}={n} of {model_dir}")
-        layers = hf_config.num_hidden_layers
-        if layers % self.parallel.pp:
-            raise ValueError(f"pp={self.parallel.pp} is invalid: it must divide num_hidden_layers={layers}")
-
         dtype = torch.float32 if not torch.cuda.is_available() else torch.bfloat16
         bridge = patch_bridge(AutoBridge.from_config(hf_config, dtype=dtype))
         bridge.set_extra_args(use_cpu_initialization=not torch.cuda.is_available(), masked_softmax_fusion=False,

@@ -1,0 +1,29 @@
+# Two entry points, each creating and filling its own virtualenv (.venv) from requirements.txt.
+#   make demo   the main job on the embedded default (real Megatron-core + SGLang + Ray on CPU)
+#   make test   the test suite (unit + integration on CPU; GPU tests skip with a reason)
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.labkit-installed
+
+.PHONY: demo test install clean
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -U pip
+	$(PY) -m pip install -r requirements.txt
+	$(PY) -m pip install -q -e . --no-deps
+	@# One torch only: the version SGLang pins. Fail loudly if a resolver pulled another.
+	$(PY) -c "import torch, sys; v = torch.__version__.split('+')[0]; sys.exit(0 if v == '2.14.1' else f'torch {v} installed; expected 2.14.1')"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/labkit demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

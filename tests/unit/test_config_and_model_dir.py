@@ -1,0 +1,88 @@
+import json
+
+import pytest
+
+from labkit.config import ModelSpec, ParallelSpec, TrainConfig
+from labkit.models import tokenizer
+from labkit.models.hf import check_parallel, read_config_json
+from labkit.models.tiny import hf_config, make_tiny_mimo, tensor_shapes
+from labkit.tasks import arith
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    ({"hidden": 0}, "hidden"), ({"hidden": 130, "heads": 4}, "hidden"), ({"kv_heads": 3}, "kv_heads"),
+    ({"layers": "2"}, "layers"), ({"mtp_layers": -1}, "mtp_layers"),
+])
+def test_model_spec_rejects_bad_values_naming_them(kwargs, field):
+    with pytest.raises(ValueError, match=rf"^{field}="):
+        ModelSpec(**kwargs)
+
+
+def test_parallel_and_train_config_validate():
+    with pytest.raises(ValueError, match="tp=0"):
+        ParallelSpec(tp=0)
+    with pytest.raises(ValueError, match="lr=-1"):
+        TrainConfig(lr=-1)
+    assert ParallelSpec(tp=2, pp=2).world_size == 4
+
+
+def test_tp_that_does_not_divide_heads_is_named():
+    cfg = hf_config(ModelSpec(heads=4, kv_heads=2))
+    with pytest.raises(ValueError, match=r"tp=3 .*num_attention_heads=4"):
+        check_parallel(cfg, 3, 1)
+    with pytest.raises(ValueError, match=r"tp=4 .*num_key_value_heads=2"):
+        check_parallel(cfg, 4, 1)
+    with pytest.raises(ValueError, match=r"pp=3 .*num_hidden_layers=2"):
+        check_parallel(cfg, 1, 3)
+    check_parallel(cfg, 2, 2)
+
+
+def test_missing_config_json_and_unknown_model_type(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        read_config_json(tmp_path)
+    with pytest.raises(FileNotFoundError, match="not a directory"):
+        read_config_json(tmp_path / "nope")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt_neox"}))
+    with pytest.raises(ValueError, match="model_type='gpt_neox'"):
+        read_config_json(tmp_path)
+
+
+def test_tiny_model_dir_is_deterministic_and_complete(tmp_path):
+    from safetensors.torch import load_file
+
+    spec = ModelSpec(hidden=32, layers=2, heads=2, kv_heads=1, ffn=64, seed=7)
+    a, b = make_tiny_mimo(tmp_path / "a", spec), make_tiny_mimo(tmp_path / "b", spec)
+    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert {k: tuple(v.shape) for k, v in wa.items()} == tensor_shapes(spec)
+    assert all((wa[k] == wb[k]).all() for k in wa)
+    assert any(k.startswith("model.mtp_layers.0.") for k in wa)
+    cfg = json.loads((a / "config.json").read_text())
+    assert cfg["model_type"] == "mimo" and cfg["num_nextn_predict_layers"] == 1
+    other = load_file(str(make_tiny_mimo(tmp_path / "c", ModelSpec(hidden=32, layers=2, heads=2, kv_heads=1,
+                                                                   ffn=64, seed=8)) / "model.safetensors"))
+    assert not (other["lm_head.weight"] == wa["lm_head.weight"]).all()
+
+
+def test_char_tokenizer_loads_in_transformers_and_matches_pure_encoding(tmp_path):
+    from transformers import AutoTokenizer
+
+    d = make_tiny_mimo(tmp_path / "m", ModelSpec(hidden=32, heads=2, kv_heads=1, ffn=64))
+    tok = AutoTokenizer.from_pretrained(str(d))
+    for text in ["37+45=82", "a b\nc", "0"]:
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        assert ids == tokenizer.encode(text)
+        assert tok.decode(ids) == text == tokenizer.decode(ids)
+    assert tok.eos_token_id == tokenizer.EOS
+
+
+def test_arith_task():
+    ps = arith.problems(50, seed=3)
+    assert ps == arith.problems(50, seed=3)
+    p = ps[0]
+    a, b = p.prompt[:-1].split("+")
+    assert int(p.answer) == int(a) + int(b)
+    assert arith.reward(p, p.answer) == 1.0 and arith.reward(p, p.answer + "1") == 0.0
+    tokens, mask = arith.batch(ps[:4])
+    assert tokens.shape == mask.shape and mask.sum() == sum(len(q.answer) + 1 for q in ps[:4])
+    with pytest.raises(ValueError, match="n=0"):
+        arith.problems(0)
