@@ -113,3 +113,26 @@ class ReferenceModel:
                 hidden = head["final_layernorm"](x)
                 mtp_logits.append(self.trunk.lm_head(hidden))
             return {"logits": out.logits.float(), "mtp_logits": [m.float() for m in mtp_logits]}
+
+
+_ST_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+              "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
+              "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+
+
+def checkpoint_tensors(model_dir: str | Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Names, shapes and dtypes of every tensor in the directory's safetensors files (headers only)."""
+    import struct
+
+    out = {}
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"model_dir={str(model_dir)!r} has no *.safetensors weights")
+    for f in files:
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        for name, info in header.items():
+            if name != "__metadata__":
+                out[name] = (tuple(info["shape"]), _ST_DTYPES.get(info["dtype"], info["dtype"].lower()))
+    return out

@@ -1,0 +1,26 @@
+"""labkit.sync: bucketed, flattened weight sync trainer -> engine. `sync(trainer, engine, cfg)` is the entry point."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from labkit.sync.session import SyncConfig
+
+__all__ = ["SyncConfig", "sync", "engine_spec"]
+
+
+def engine_spec(model_dir: str, dtype: str = "auto") -> dict:
+    """What the engine's model expects: HF names/shapes from its checkpoint headers, and its serving dtype."""
+    from labkit.models.hf import checkpoint_tensors
+
+    if dtype == "auto":
+        dtype = json.loads((Path(model_dir) / "config.json").read_text()).get("torch_dtype", "bfloat16")
+    return {"tensors": {n: (shape, dtype) for n, (shape, _) in checkpoint_tensors(model_dir).items()}, "dtype": dtype}
+
+
+def sync(trainer, engine, cfg: SyncConfig | None = None, weight_version: str | None = None) -> dict:
+    """Push the trainer's current weights into the engine in one weight-update session; returns metrics."""
+    cfg = cfg or SyncConfig()
+    spec = engine_spec(engine.cfg.model_dir, engine.cfg.dtype)
+    return trainer.sync(engine.portable(), cfg, spec, weight_version)

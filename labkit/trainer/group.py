@@ -58,6 +58,26 @@ class Trainer:
     def forward(self, tokens) -> dict:
         return self._one("forward", tokens)
 
+    def sync(self, engine, cfg, engine_spec: dict | None = None, weight_version: str | None = None) -> dict:
+        return self._one("sync", engine, cfg, engine_spec, weight_version)
+
+    def greedy(self, input_ids: list[list[int]], max_new_tokens: int, eos_id: int | None = None) -> list[list[int]]:
+        """Greedy continuation with the trainer's own Megatron forward (the reference the engine must match)."""
+        import torch
+
+        outs = []
+        for ids in input_ids:
+            seq, new = list(ids), []
+            for _ in range(max_new_tokens):
+                logits = self.forward(torch.tensor([seq]))["logits"][0, -1]
+                nxt = int(torch.argmax(logits))
+                new.append(nxt)
+                seq.append(nxt)
+                if nxt == eos_id:
+                    break
+            outs.append(new)
+        return outs
+
     def export(self) -> list:
         return self._one("export")
 

@@ -155,6 +155,27 @@ class TrainerRank:
         return out if self.rank == 0 else None
 
 
+    def sync(self, engine, cfg, engine_spec: dict | None = None, weight_version: str | None = None) -> dict | None:
+        """Push this trainer's weights into `engine` (labkit.sync). Every rank must call it; rank 0 returns metrics."""
+        from labkit.sync.session import Syncer
+        from labkit.trainer.bridge import export_unique
+
+        gen = export_unique(self.bridge, self.models)
+        try:
+            if self.rank != 0:
+                return None
+            if getattr(self, "syncer", None) is None:
+                self.syncer = Syncer()
+            return self.syncer.run(gen, engine, cfg, engine_spec, weight_version)
+        finally:
+            # Whatever happened on rank 0, finish the export so no other rank waits in a collective forever.
+            try:
+                for _ in gen:
+                    pass
+            except Exception:
+                pass
+
+
 def _make_batch(tokens, loss_mask, weights):
     tokens = tokens.long()
     labels = torch.roll(tokens, -1, dims=1)

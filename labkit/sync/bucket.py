@@ -1,0 +1,80 @@
+"""Packing a planned bucket into one flat uint8 buffer, in SGLang's FlattenedTensorBucket layout.
+
+Layout: tensors back to back as raw bytes (`t.flatten().view(uint8)`), metadata (name, shape, dtype, start,
+end, numel in bytes) beside it. labkit packs into preallocated, reused buffers instead of `torch.cat` so a
+sync allocates nothing per bucket; on CPU the buffers live in shared memory (a handle crosses processes,
+not the bytes), on GPU in device memory (CUDA IPC handles).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from labkit.sync.plan import Bucket
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def metadata(bucket: Bucket) -> list:
+    """SGLang's FlattenedTensorMetadata list for `bucket` (byte offsets into the flat buffer)."""
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
+
+    out, offset = [], 0
+    for t in bucket.tensors:
+        out.append(FlattenedTensorMetadata(name=t.name, shape=torch.Size(t.shape), dtype=torch_dtype(t.dtype),
+                                           start_idx=offset, end_idx=offset + t.nbytes, numel=t.nbytes))
+        offset += t.nbytes
+    return out
+
+
+def pack(bucket: Bucket, tensors: dict[str, torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+    """Copy `bucket`'s tensors (cast to the planned dtype) into `out[:bucket.nbytes]` and return that view."""
+    if out.dtype != torch.uint8 or out.numel() < bucket.nbytes:
+        raise ValueError(f"buffer of {out.numel()} {out.dtype} cannot hold bucket {bucket.index} ({bucket.nbytes} bytes)")
+    flat, offset = out[: bucket.nbytes], 0
+    for meta in bucket.tensors:
+        t = tensors[meta.name]
+        if tuple(t.shape) != meta.shape:
+            raise ValueError(f"{meta.name}: shape {tuple(t.shape)} != planned {meta.shape}")
+        src = t.detach().to(device=out.device, dtype=torch_dtype(meta.dtype)).contiguous()
+        flat[offset: offset + meta.nbytes].copy_(src.reshape(-1).view(torch.uint8))
+        offset += meta.nbytes
+    return flat
+
+
+def unpack(bucket: Bucket, flat: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """Views of each tensor inside `flat` (no copy)."""
+    out, offset = [], 0
+    for meta in bucket.tensors:
+        out.append((meta.name, flat[offset: offset + meta.nbytes].view(torch_dtype(meta.dtype)).reshape(meta.shape)))
+        offset += meta.nbytes
+    return out
+
+
+class BufferPool:
+    """Two reusable flat buffers (pack the next bucket while the engine loads the current one)."""
+
+    def __init__(self, nbytes: int, device: str = "cpu", shared: bool = False, slots: int = 2):
+        self.nbytes, self.device, self.shared = nbytes, device, shared
+        self.buffers = []
+        for _ in range(slots):
+            b = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
+            if shared and b.device.type == "cpu":
+                b.share_memory_()  # file_system strategy: a handle names the shm file, the bytes stay put
+            self.buffers.append(b)
+        self._next = 0
+
+    def take(self) -> torch.Tensor:
+        b = self.buffers[self._next]
+        self._next = (self._next + 1) % len(self.buffers)
+        return b
+
+    @property
+    def allocated_bytes(self) -> int:
+        return sum(b.numel() for b in self.buffers)

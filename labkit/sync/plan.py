@@ -1,0 +1,173 @@
+"""Bucket planning: from (name, shape, dtype) to buckets of at most `bucket_bytes`. Pure Python, no torch.
+
+A plan is computed once and replayed every sync (the tensor list of a policy never changes between steps).
+Rules, each one a failure someone shipped:
+- groups of names that the engine fuses on load (q/k/v -> qkv_proj, gate/up -> gate_up_proj) never split
+  across buckets: a half-landed group leaves the engine with dummy weights (train-vs-rollout KL ~1.5);
+- a tensor or group larger than a bucket travels alone, and counts in the memory figure;
+- duplicate names are dropped (PP>1 + MTP re-exports the shared embedding);
+- inside a bucket, tensors are ordered by decreasing item size so every byte offset is aligned for its
+  dtype (SGLang's receive-side FlattenedTensorBucket.empty checks this).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
+            "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
+
+
+@dataclass(frozen=True, slots=True)
+class TensorMeta:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # torch dtype name without the "torch." prefix
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ITEMSIZE:
+            raise ValueError(f"dtype={self.dtype!r} of {self.name} is not supported: expected one of {sorted(ITEMSIZE)}")
+        if any((not isinstance(d, int)) or d < 0 for d in self.shape):
+            raise ValueError(f"shape={self.shape!r} of {self.name} is invalid: expected non-negative integers")
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * ITEMSIZE[self.dtype]
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    index: int
+    tensors: tuple[TensorMeta, ...]
+    oversize: bool = False  # holds one tensor/group larger than the bucket size
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+    @property
+    def names(self) -> list[str]:
+        return [t.name for t in self.tensors]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    bucket_bytes: int
+    buckets: tuple[Bucket, ...]
+    dropped: tuple[str, ...] = field(default=())  # duplicate names seen and dropped
+
+    @property
+    def tensors(self) -> list[TensorMeta]:
+        return [t for b in self.buckets for t in b.tensors]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(b.nbytes for b in self.buckets)
+
+    @property
+    def largest_bucket_bytes(self) -> int:
+        return max((b.nbytes for b in self.buckets), default=0)
+
+    @property
+    def largest_tensor_bytes(self) -> int:
+        return max((t.nbytes for t in self.tensors), default=0)
+
+    def overlaps(self, i: int) -> bool:
+        """May bucket i+1 be packed while bucket i loads? Not when both are oversize (keeps peak <= 2B + L)."""
+        return not (self.buckets[i].oversize and self.buckets[i + 1].oversize)
+
+    @property
+    def peak_extra_bytes(self) -> int:
+        """Extra memory while syncing: the bucket being loaded plus the next one being packed."""
+        b = self.buckets
+        pairs = [b[i].nbytes + b[i + 1].nbytes if self.overlaps(i) else max(b[i].nbytes, b[i + 1].nbytes)
+                 for i in range(len(b) - 1)]
+        return max(pairs + [self.largest_bucket_bytes])
+
+    def summary(self) -> dict:
+        return {"plan/num_buckets": len(self.buckets), "plan/bucket_bytes": self.bucket_bytes,
+                "plan/total_bytes": self.total_bytes, "plan/num_tensors": len(self.tensors),
+                "plan/largest_tensor_bytes": self.largest_tensor_bytes,
+                "plan/oversize_buckets": sum(b.oversize for b in self.buckets),
+                "plan/peak_extra_bytes": self.peak_extra_bytes}
+
+
+_FUSED = re.compile(r"^(?P<prefix>.*)\.(?P<part>q_proj|k_proj|v_proj|gate_proj|up_proj)\.(?P<kind>weight|bias)$")
+_FUSED_KEY = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up"}
+
+
+def fused_group(name: str) -> str:
+    """The engine-side fused parameter a HF tensor loads into (qkv_proj, gate_up_proj), else the name itself."""
+    m = _FUSED.match(name)
+    return f"{m['prefix']}.{_FUSED_KEY[m['part']]}.{m['kind']}" if m else name
+
+
+def check_bucket_bytes(bucket_bytes: object, budget_bytes: int | None = None) -> int:
+    if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int):
+        raise ValueError(f"bucket_bytes={bucket_bytes!r} is invalid: expected a positive integer number of bytes")
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes={bucket_bytes!r} is invalid: expected a positive integer number of bytes")
+    if budget_bytes is not None and 2 * bucket_bytes > budget_bytes:
+        raise ValueError(f"bucket_bytes={bucket_bytes} is invalid: two buckets in flight need {2 * bucket_bytes} "
+                         f"bytes, over the memory budget of {budget_bytes} bytes")
+    return bucket_bytes
+
+
+def plan_buckets(tensors: Iterable[TensorMeta], bucket_bytes: int,
+                 group: Callable[[str], str] = fused_group, budget_bytes: int | None = None) -> Plan:
+    """Greedy, order-preserving packing of groups into buckets of at most `bucket_bytes`."""
+    check_bucket_bytes(bucket_bytes, budget_bytes)
+    seen, dropped, groups, order = set(), [], {}, []
+    for t in tensors:
+        if t.name in seen:
+            dropped.append(t.name)
+            continue
+        seen.add(t.name)
+        key = group(t.name)
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        groups[key].append(t)
+
+    buckets: list[Bucket] = []
+    current: list[TensorMeta] = []
+
+    def close(items: list[TensorMeta], oversize: bool = False) -> None:
+        if items:
+            items = sorted(items, key=lambda t: -ITEMSIZE[t.dtype])  # stable: keeps order within a dtype
+            buckets.append(Bucket(len(buckets), tuple(items), oversize))
+
+    for key in order:
+        items = groups[key]
+        size = sum(t.nbytes for t in items)
+        if size > bucket_bytes:
+            close(current)
+            current = []
+            close(items, oversize=True)
+        elif sum(t.nbytes for t in current) + size > bucket_bytes:
+            close(current)
+            current = list(items)
+        else:
+            current.extend(items)
+    close(current)
+    return Plan(bucket_bytes, tuple(buckets), tuple(dropped))
+
+
+def validate(plan: Plan, engine: dict[str, tuple[tuple[int, ...], str]]) -> None:
+    """Check names, shapes and dtypes against what the engine expects, before the first byte moves."""
+    problems = []
+    for t in plan.tensors:
+        if t.name not in engine:
+            problems.append(f"{t.name}: not a weight of the engine's model")
+            continue
+        shape, dtype = engine[t.name]
+        if tuple(shape) != t.shape:
+            problems.append(f"{t.name}: shape {t.shape} != engine {tuple(shape)}")
+        if dtype != t.dtype:
+            problems.append(f"{t.name}: dtype {t.dtype} != engine {dtype}")
+    if problems:
+        more = f" (+{len(problems) - 10} more)" if len(problems) > 10 else ""
+        raise ValueError("sync plan does not match the engine's model: " + "; ".join(problems[:10]) + more)

@@ -1,0 +1,213 @@
+"""One sync = one SGLang weight-update session, measured phase by phase.
+
+begin_weight_update -> for each bucket: gather (pull from the trainer's export) -> pack (flat buffer) ->
+transfer + load (transport; overlapped with packing the next bucket) -> end_weight_update -> new
+weight_version -> verify (checksums, trainer side vs engine side).
+
+Runs on the trainer rank that holds the full exported tensors (rank 0); the other ranks only drain the
+export generator, whose collectives need every rank.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from labkit.config import check
+from labkit.sync import bucket as bk
+from labkit.sync import verify as vf
+from labkit.sync.plan import Plan, TensorMeta, plan_buckets, validate
+from labkit.sync.transport import TRANSPORTS, make
+
+MB = 1 << 20
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class SyncConfig:
+    transport: str = "colocated"
+    bucket_mb: float = 64.0
+    memory_budget_mb: float | None = None  # refuse buckets whose double-buffered footprint exceeds this
+    verify: str = "checksum"  # "checksum" (cheap, default) | "full" (element-wise) | "none"
+    selector: str = "all"  # SGLang selector: target, draft or all (MTP draft weights ride along)
+    overlap: bool = True
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        check(self.transport in TRANSPORTS, "transport", self.transport, f"one of {', '.join(TRANSPORTS)}")
+        check(isinstance(self.bucket_mb, (int, float)) and not isinstance(self.bucket_mb, bool) and self.bucket_mb > 0,
+              "bucket_mb", self.bucket_mb, "a positive number of MiB")
+        if self.memory_budget_mb is not None:
+            check(isinstance(self.memory_budget_mb, (int, float)) and self.memory_budget_mb > 0,
+                  "memory_budget_mb", self.memory_budget_mb, "a positive number of MiB or None")
+            check(2 * self.bucket_mb <= self.memory_budget_mb, "bucket_mb", self.bucket_mb,
+                  f"at most half the memory budget ({self.memory_budget_mb} MiB): two buckets are in flight")
+        check(self.verify in ("checksum", "full", "none"), "verify", self.verify, "checksum, full or none")
+        check(self.selector in ("all", "target", "draft"), "selector", self.selector, "all, target or draft")
+
+    @property
+    def bucket_bytes(self) -> int:
+        return max(1, int(self.bucket_mb * MB))
+
+
+def metas_of(named) -> list[TensorMeta]:
+    return [TensorMeta(n, tuple(t.shape), bk.dtype_name(t.dtype)) for n, t in named]
+
+
+def make_plan(metas: list[TensorMeta], cfg: SyncConfig, engine_dtype: str | None = None) -> Plan:
+    if engine_dtype:  # the engine serves in its own dtype; cast on the trainer side while packing
+        metas = [TensorMeta(m.name, m.shape, engine_dtype if m.dtype.startswith(("float", "bfloat")) else m.dtype)
+                 for m in metas]
+    if cfg.transport == "per-tensor":
+        return plan_buckets(metas, 1, group=lambda n: n)  # one tensor per call, the baseline
+    budget = int(cfg.memory_budget_mb * MB) if cfg.memory_budget_mb else None
+    return plan_buckets(metas, cfg.bucket_bytes, budget_bytes=budget)
+
+
+def _sync_device() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+class Syncer:
+    """Holds the replayed plan and the reusable buffers of one trainer rank across syncs."""
+
+    def __init__(self):
+        self.plan: Plan | None = None
+        self.pool: bk.BufferPool | None = None
+        self.version = 0
+
+    def run(self, named_iter, engine, cfg: SyncConfig, engine_spec: dict | None = None,
+            weight_version: str | None = None) -> dict:
+        from tqdm.auto import tqdm
+
+        t_start = time.perf_counter()
+        phases = dict.fromkeys(("gather", "pack", "transfer", "load", "verify"), 0.0)
+        transport = make(cfg.transport)
+        if self.plan is None or self.plan.bucket_bytes != (1 if cfg.transport == "per-tensor" else cfg.bucket_bytes):
+            named_iter = list(named_iter)  # first sync: learn the tensor list, then replay the plan
+            self.plan = make_plan(metas_of(named_iter), cfg, engine_spec and engine_spec.get("dtype"))
+            self.pool = None
+        plan = self.plan
+        if engine_spec is not None:
+            validate(plan, engine_spec["tensors"])  # before the first byte moves
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        normal = max((b.nbytes for b in plan.buckets if not b.oversize), default=1)
+        if transport.flattened and (self.pool is None or self.pool.nbytes < normal):
+            self.pool = bk.BufferPool(normal, device=device, shared=cfg.transport == "colocated")
+        # Memory the sync adds: the reusable flat buffers (or, per tensor, one cast copy in flight).
+        extra = self.pool.allocated_bytes if transport.flattened else plan.largest_tensor_bytes
+        peak = extra
+
+        version = weight_version or f"v{self.version + 1}"
+        engine.begin_weight_update(selector=cfg.selector)
+        pool = ThreadPoolExecutor(1, thread_name_prefix="labkit-sync")
+        pending, pending_b, seen, expected, kept = None, None, set(), {}, {}
+        try:
+            transport.open(engine, plan)
+            it = iter(named_iter)
+            bar = tqdm(plan.buckets, desc=f"sync[{cfg.transport}]", unit="bucket", disable=not cfg.progress,
+                       mininterval=1.0)
+            for b in bar:
+                if pending is not None and not (cfg.overlap and plan.overlaps(pending_b.index)):
+                    self._collect(pending, phases)  # no overlap: let the previous bucket land first
+                    pending = None
+                t0 = time.perf_counter()
+                tensors = self._gather(it, b, seen)
+                t1 = time.perf_counter()
+                flat = None
+                if transport.flattened:
+                    flat = bk.pack(b, tensors, self._buffer(b, cfg, device))
+                    _sync_device()
+                t2 = time.perf_counter()
+                phases["gather"] += t1 - t0
+                phases["pack"] += t2 - t1
+                in_flight = pending_b.nbytes if pending is not None and pending_b.oversize else 0
+                peak = max(peak, extra + (b.nbytes if b.oversize else 0) + in_flight)
+                if pending is not None:
+                    self._collect(pending, phases)
+                pending, pending_b = pool.submit(transport.send, engine, b, tensors, flat), b
+                if cfg.verify != "none":
+                    t3 = time.perf_counter()
+                    views = dict(bk.unpack(b, flat)) if flat is not None else {
+                        m.name: tensors[m.name].detach().to("cpu", bk.torch_dtype(m.dtype)) for m in b.tensors}
+                    expected.update(vf.expected_checksums(views))  # groups never split: per-bucket layout works
+                    if cfg.verify == "full":
+                        kept.update({n: v.clone() for n, v in views.items()})
+                    phases["verify"] += time.perf_counter() - t3
+            for _ in it:  # drain: the other ranks' collectives need every step of the export
+                pass
+            if pending is not None:
+                self._collect(pending, phases)
+                pending = None
+        except BaseException:
+            if pending is not None:
+                pending.cancel()
+            try:  # never leave the engine inside an open session
+                transport.close(engine)
+            finally:
+                pool.shutdown(wait=False)
+                engine.end_weight_update()
+            raise
+        transport.close(engine)
+        pool.shutdown(wait=True)
+        engine.end_weight_update()
+        engine.set_weight_version(version)
+        self.version += 1
+
+        result = {"sync/verified": None}
+        if cfg.verify != "none":
+            t3 = time.perf_counter()
+            if cfg.verify == "full":
+                result = vf.compare_full(kept, engine.get_tensor)
+            else:
+                result = vf.compare(expected, engine.checksums())
+            phases["verify"] += time.perf_counter() - t3
+        total = time.perf_counter() - t_start
+        nbytes = plan.total_bytes
+        out = {f"timing/sync/{k}": round(v, 6) for k, v in phases.items()}
+        out.update({
+            "timing/sync/total": round(total, 6),
+            "sync/transport": cfg.transport,
+            "sync/bytes": nbytes,
+            "sync/num_tensors": len(plan.tensors),
+            "sync/num_buckets": len(plan.buckets),
+            "sync/bucket_bytes": plan.bucket_bytes,
+            "sync/gbps": round(nbytes / max(total - phases["verify"], 1e-9) / 1e9, 4),
+            "sync/peak_extra_bytes": peak,
+            "sync/largest_tensor_bytes": plan.largest_tensor_bytes,
+            "sync/weight_version": version,
+            **result,
+        })
+        return out
+
+    def _buffer(self, b, cfg: SyncConfig, device: str) -> torch.Tensor:
+        if not b.oversize:
+            return self.pool.take()
+        buf = torch.empty(b.nbytes, dtype=torch.uint8, device=device)  # travels alone, freed after
+        if cfg.transport == "colocated" and device == "cpu":
+            buf.share_memory_()
+        return buf
+
+    @staticmethod
+    def _gather(it, b, seen: set) -> dict:
+        """Pull this bucket's tensors from the export (plan order == export order, duplicates skipped)."""
+        tensors = {}
+        for name, t in it:
+            if name in seen:
+                continue  # duplicates (PP>1 + MTP) were dropped from the plan
+            seen.add(name)
+            tensors[name] = t
+            if len(tensors) == len(b.tensors):
+                break
+        if set(tensors) != set(b.names):
+            raise RuntimeError(f"export order changed since the plan was made: got {sorted(tensors)[:3]}, "
+                               f"planned {b.names[:3]}")
+        return tensors
+
+    @staticmethod
+    def _collect(fut, phases: dict) -> None:
+        for k, v in fut.result().items():
+            phases[k] += v

@@ -1,0 +1,129 @@
+"""How a packed bucket reaches the engine. One interface, three transports.
+
+- `per-tensor`: one `update_weights_from_tensor` call per tensor (what verl did before PR #2418): the baseline.
+- `colocated`: the flat buffer stays where it is (shared memory on CPU, device memory on GPU) and only a
+  serialized handle crosses to the engine -> `update_weights_from_tensor(load_format="flattened_bucket")`.
+- `distributed`: the trainer joins the engine's weight-update group exactly as SGLang builds it (TCP
+  rendezvous, then a PrefixStore named after the group) and broadcasts each flat buffer (gloo on CPU, NCCL
+  on GPU) while the engine receives it in `update_weights_from_distributed(load_format="flattened_bucket")`.
+
+`send()` returns only when the engine has loaded the bucket; the session overlaps packing the next
+bucket with it by running `send()` on a worker thread.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+import torch
+
+from labkit.sync import bucket as bk
+from labkit.sync.plan import Bucket
+
+TRANSPORTS = ("per-tensor", "colocated", "distributed")
+
+
+class PerTensor:
+    name = "per-tensor"
+    flattened = False
+
+    def open(self, engine, plan) -> None:
+        pass
+
+    def send(self, engine, b: Bucket, tensors: dict[str, torch.Tensor], flat=None) -> dict:
+        t0 = time.perf_counter()
+        for meta in b.tensors:
+            t = tensors[meta.name].detach().to("cpu", bk.torch_dtype(meta.dtype)).contiguous()
+            engine.update_weights_from_tensor([(meta.name, t)], flush_cache=False)
+        return {"load": time.perf_counter() - t0}
+
+    def close(self, engine) -> None:
+        pass
+
+
+class Colocated:
+    name = "colocated"
+    flattened = True
+
+    def open(self, engine, plan) -> None:
+        self.engine_tp = engine.tp_size
+
+    def send(self, engine, b: Bucket, tensors=None, flat: torch.Tensor | None = None) -> dict:
+        from sglang.srt.utils import MultiprocessingSerializer
+
+        t0 = time.perf_counter()
+        payload = MultiprocessingSerializer.serialize({"flattened_tensor": flat, "metadata": bk.metadata(b)},
+                                                      output_str=True)
+        t1 = time.perf_counter()
+        # One payload per engine TP rank: each rank opens the same handle and reads its own shard.
+        engine.update_weights_from_tensor([payload] * self.engine_tp, load_format="flattened_bucket",
+                                          flush_cache=False)
+        return {"transfer": t1 - t0, "load": time.perf_counter() - t1}
+
+    def close(self, engine) -> None:
+        pass
+
+
+def join_group(master_address: str, master_port: int, world_size: int, group_name: str, backend: str,
+               timeout_s: float = 120.0):
+    """Rank 0 of SGLang's weight-update group, built the way `init_custom_process_group` builds it."""
+    from torch.distributed.distributed_c10d import PrefixStore, _new_process_group_helper, _world, rendezvous
+
+    timeout = timedelta(seconds=timeout_s)
+    store, rank, world = next(rendezvous(f"tcp://{master_address}:{master_port}", 0, world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    store = PrefixStore(group_name, store)
+    pg, _ = _new_process_group_helper(world, rank, [], torch.distributed.Backend(backend), store,
+                                      group_name=group_name, backend_options=None, timeout=timeout)
+    _world.pg_group_ranks[pg] = {i: i for i in range(world)}
+    return pg
+
+
+class Distributed:
+    name = "distributed"
+    flattened = True
+
+    def __init__(self, group_name: str = "labkit_weight_update", timeout_s: float = 120.0):
+        self.group_name, self.timeout_s, self.pg = group_name, timeout_s, None
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="labkit-engine")
+
+    def open(self, engine, plan) -> None:
+        from labkit.cluster.runtime import free_port, node_ip
+
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        addr, port, world = node_ip(), free_port(), 1 + engine.tp_size
+        # Both sides rendezvous at once: the engine call blocks until the trainer joins.
+        fut = self._pool.submit(engine.init_weights_update_group, master_address=addr, master_port=port,
+                                rank_offset=1, world_size=world, group_name=self.group_name, backend=backend)
+        self.pg = join_group(addr, port, world, self.group_name, backend, self.timeout_s)
+        fut.result(timeout=self.timeout_s)
+
+    def send(self, engine, b: Bucket, tensors=None, flat: torch.Tensor | None = None) -> dict:
+        t0 = time.perf_counter()
+        fut = self._pool.submit(engine.update_weights_from_distributed, names=b.names,
+                                dtypes=[t.dtype for t in b.tensors], shapes=[list(t.shape) for t in b.tensors],
+                                group_name=self.group_name, load_format="flattened_bucket", flush_cache=False)
+        torch.distributed.broadcast(flat, src=0, group=self.pg)
+        t1 = time.perf_counter()
+        fut.result(timeout=self.timeout_s)
+        return {"transfer": t1 - t0, "load": time.perf_counter() - t1}
+
+    def close(self, engine) -> None:
+        if self.pg is not None:
+            try:
+                engine.destroy_weights_update_group(self.group_name)
+            finally:
+                torch.distributed.destroy_process_group(self.pg)
+                self.pg = None
+
+
+def make(name: str):
+    if name == "per-tensor":
+        return PerTensor()
+    if name == "colocated":
+        return Colocated()
+    if name == "distributed":
+        return Distributed()
+    raise ValueError(f"transport={name!r} is invalid: expected one of {', '.join(TRANSPORTS)}")

@@ -1,0 +1,64 @@
+"""Bitwise verification of a sync: per-tensor checksums, trainer side vs engine side.
+
+The engine hashes its own parameters (SGLang's weight checker: sha256 of the raw bytes, first 8 bytes), in its
+own layout, where q/k/v live fused in `qkv_proj` and gate/up in `gate_up_proj`. The trainer side rebuilds
+that layout from the HF tensors it sent and hashes the same way, so only 16 hex characters per tensor cross
+the wire. `full=True` instead fetches every HF-named tensor back from the engine and compares element-wise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+import torch
+
+_PARTS = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+_NAME = re.compile(r"^(?P<prefix>.*)\.(?P<part>q_proj|k_proj|v_proj|gate_proj|up_proj)\.(?P<kind>weight|bias)$")
+
+
+def tensor_checksum(t: torch.Tensor) -> str:
+    """SGLang's tensor_hash for one CPU tensor, as the weight checker prints it."""
+    t = t.detach().cpu().contiguous()
+    digest = hashlib.sha256(memoryview(t.reshape(-1).view(torch.uint8).numpy())).digest()[:8]
+    return f"{int.from_bytes(digest, 'big'):016x}"
+
+
+def engine_layout(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """HF names -> the engine's fused parameter names (TP=1 engine layout)."""
+    fused: dict[str, list] = {}
+    out = {}
+    for name, t in named.items():
+        m = _NAME.match(name)
+        if not m:
+            out[name] = t
+            continue
+        target, idx = _PARTS[m["part"]]
+        fused.setdefault(f"{m['prefix']}.{target}.{m['kind']}", []).append((idx, t))
+    for name, parts in fused.items():
+        out[name] = torch.cat([t for _, t in sorted(parts, key=lambda p: p[0])], dim=0)
+    return out
+
+
+def expected_checksums(named: dict[str, torch.Tensor]) -> dict[str, str]:
+    return {n: tensor_checksum(t) for n, t in engine_layout(named).items()}
+
+
+def compare(expected: dict[str, str], actual: dict[str, str]) -> dict:
+    """Every expected tensor must be present on the engine with the same checksum."""
+    missing = sorted(n for n in expected if n not in actual)
+    mismatched = sorted(n for n in expected if n in actual and actual[n] != expected[n])
+    return {"sync/verified": not missing and not mismatched, "verify/num_checked": len(expected),
+            "verify/missing": missing[:20], "verify/mismatched": mismatched[:20]}
+
+
+def compare_full(named: dict[str, torch.Tensor], fetch) -> dict:
+    """Element-wise comparison; `fetch(name)` returns the engine's HF-named tensor."""
+    mismatched = []
+    for name, t in named.items():
+        got = fetch(name)
+        if got is None or tuple(got.shape) != tuple(t.shape) or not torch.equal(got.to(t.dtype), t.cpu()):
+            mismatched.append(name)
+    return {"sync/verified": not mismatched, "verify/num_checked": len(named), "verify/missing": [],
+            "verify/mismatched": mismatched[:20]}

@@ -1,0 +1,68 @@
+import pytest
+import torch
+
+from labkit.sync import bucket as bk
+from labkit.sync.plan import TensorMeta, plan_buckets
+from labkit.sync.verify import compare, engine_layout, expected_checksums, tensor_checksum
+
+
+def _named():
+    g = torch.Generator().manual_seed(0)
+    return {
+        "model.layers.0.self_attn.q_proj.weight": torch.randn(8, 4, generator=g),
+        "model.layers.0.self_attn.k_proj.weight": torch.randn(4, 4, generator=g),
+        "model.layers.0.self_attn.v_proj.weight": torch.randn(4, 4, generator=g),
+        "model.layers.0.self_attn.q_proj.bias": torch.randn(8, generator=g).to(torch.bfloat16),
+        "model.norm.weight": torch.randn(3, generator=g).to(torch.float16),
+        "lm_head.weight": torch.randn(5, 4, generator=g).to(torch.bfloat16),
+    }
+
+
+def _metas(named):
+    return [TensorMeta(n, tuple(t.shape), bk.dtype_name(t.dtype)) for n, t in named.items()]
+
+
+def test_pack_round_trips_through_sglangs_own_flattened_bucket():
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+
+    named = _named()
+    plan = plan_buckets(_metas(named), bucket_bytes=1 << 20)
+    (b,) = plan.buckets
+    pool = bk.BufferPool(plan.largest_bucket_bytes)
+    flat = bk.pack(b, named, pool.take())
+    theirs = FlattenedTensorBucket(flattened_tensor=flat, metadata=bk.metadata(b)).reconstruct_tensors()
+    assert [n for n, _ in theirs] == b.names
+    for name, t in theirs:
+        assert t.dtype == named[name].dtype and torch.equal(t, named[name])
+    # And SGLang's own packing of the same tensors in the same order gives the same bytes.
+    ref = FlattenedTensorBucket(named_tensors=[(n, named[n]) for n in b.names])
+    assert torch.equal(ref.get_flattened_tensor(), flat)
+    # The receive side of the distributed transport accepts the layout (alignment checked there).
+    FlattenedTensorBucket.empty(b.names, [named[n].dtype for n in b.names], [named[n].shape for n in b.names], "cpu")
+    assert [n for n, _ in bk.unpack(b, flat)] == b.names
+
+
+def test_pack_refuses_wrong_shape_and_small_buffer():
+    named = _named()
+    (b,) = plan_buckets(_metas(named), 1 << 20).buckets
+    with pytest.raises(ValueError, match="cannot hold"):
+        bk.pack(b, named, torch.empty(4, dtype=torch.uint8))
+    named["lm_head.weight"] = torch.zeros(6, 4, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"lm_head.weight: shape \(6, 4\)"):
+        bk.pack(b, named, torch.empty(b.nbytes, dtype=torch.uint8))
+
+
+def test_checksums_match_sglang_hash_and_fused_layout():
+    from sglang.srt.managers.mm_utils import tensor_hash
+
+    named = _named()
+    t = named["lm_head.weight"]
+    assert tensor_checksum(t) == f"{tensor_hash(t):016x}"
+    layout = engine_layout(named)
+    qkv = layout["model.layers.0.self_attn.qkv_proj.weight"]
+    assert qkv.shape == (16, 4) and torch.equal(qkv[8:12], named["model.layers.0.self_attn.k_proj.weight"])
+    exp = expected_checksums(named)
+    assert compare(exp, dict(exp))["sync/verified"]
+    bad = dict(exp, **{"model.norm.weight": "0" * 16})
+    r = compare(exp, bad)
+    assert not r["sync/verified"] and r["verify/mismatched"] == ["model.norm.weight"]
