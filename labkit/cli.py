@@ -30,8 +30,43 @@ def cmd_doctor(args) -> int:
 def cmd_demo(args) -> int:
     from labkit import demo
 
-    _emit(demo.run(workdir=args.workdir, steps=args.steps, tp=args.tp, pp=args.pp), args.json)
+    _emit(demo.run(workdir=args.workdir, steps=args.steps, tp=args.tp, pp=args.pp, model_dir=args.model), args.json)
     return 0
+
+
+def cmd_sync(args) -> int:
+    from labkit.config import ParallelSpec
+    from labkit.sync import SyncConfig
+    from labkit.workbench import Workbench
+
+    # Validate every flag before anything starts.
+    cfg = SyncConfig(transport=args.transport, bucket_mb=args.bucket_mb, memory_budget_mb=args.memory_budget_mb,
+                     verify=args.verify, progress=not args.json)
+    parallel = ParallelSpec(tp=args.tp, pp=args.pp)
+    with Workbench(args.model, parallel, engine_url=args.engine_url) as wb:
+        wb.train(args.steps, progress=not args.json)
+        m = wb.sync(cfg)
+        g = wb.compare_greedy()
+    m.update({k: v for k, v in g.items() if k != "rollout/samples"})
+    _emit(m, args.json)
+    return 0 if m["sync/verified"] is not False else 1
+
+
+def cmd_pretrain(args) -> int:
+    from labkit.models.pretrain import DEFAULT_DIR, pretrain
+
+    _emit(pretrain(args.out or DEFAULT_DIR, steps=args.steps, progress=not args.json), args.json)
+    return 0
+
+
+def _positive_float(name):
+    def parse(text):
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name}={text!r} is invalid: expected a positive number") from None
+        return v
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,11 +79,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="the main job on the embedded default")
     d.add_argument("--workdir", default="runs/demo")
-    d.add_argument("--steps", type=int, default=20)
+    d.add_argument("--model", default=None, help="HF model directory (default: data/tiny-mimo)")
+    d.add_argument("--steps", type=int, default=10)
     d.add_argument("--tp", type=int, default=1)
     d.add_argument("--pp", type=int, default=1)
     d.add_argument("--json", action="store_true")
     d.set_defaults(fn=cmd_demo)
+
+    d = sub.add_parser("sync", help="train a few steps, sync into a real SGLang engine, verify, compare greedy")
+    d.add_argument("--transport", default="colocated", help="per-tensor | colocated | distributed")
+    d.add_argument("--bucket-mb", type=_positive_float("bucket_mb"), default=64.0)
+    d.add_argument("--memory-budget-mb", type=_positive_float("memory_budget_mb"), default=None)
+    d.add_argument("--verify", default="checksum", help="checksum | full | none")
+    d.add_argument("--model", default=None, help="HF model directory (default: data/tiny-mimo)")
+    d.add_argument("--engine-url", default=None, help="an SGLang server to sync into instead of a Ray actor")
+    d.add_argument("--steps", type=int, default=3)
+    d.add_argument("--tp", type=int, default=1)
+    d.add_argument("--pp", type=int, default=1)
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(fn=cmd_sync)
+
+    d = sub.add_parser("pretrain", help="rebuild the shipped tiny MiMo checkpoint (data/tiny-mimo)")
+    d.add_argument("--out", default=None)
+    d.add_argument("--steps", type=int, default=400)
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(fn=cmd_pretrain)
     return p
 
 

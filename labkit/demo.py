@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from labkit.config import ModelSpec, ParallelSpec, TrainConfig
+from labkit.config import ParallelSpec, TrainConfig
+from labkit.sync.session import SyncConfig
 
 
 def train(trainer, steps: int, batch_size: int = 16, seed: int = 0, progress: bool = True) -> list[dict]:
@@ -24,43 +25,48 @@ def train(trainer, steps: int, batch_size: int = 16, seed: int = 0, progress: bo
     return history
 
 
-def run(workdir: str = "runs/demo", steps: int = 20, tp: int = 1, pp: int = 1, spec: ModelSpec | None = None) -> dict:
-    import torch
-
+def export_parity(trainer, workdir: str | Path) -> dict:
+    """Export -> a fresh transformers model (and MiMo's MTP order) must reproduce the trainer's logits."""
     from labkit.models.hf import ReferenceModel
-    from labkit.models.tiny import make_tiny_mimo, save_weights_as
+    from labkit.models.tiny import save_weights_as
     from labkit.tasks import arith
-    from labkit.trainer.group import Trainer
 
-    t0 = time.perf_counter()
-    work = Path(workdir)
-    model_dir = make_tiny_mimo(work / "model", spec or ModelSpec())
-    trainer = Trainer(str(model_dir), ParallelSpec(tp=tp, pp=pp), TrainConfig())
-    t_build = time.perf_counter() - t0
-    history = train(trainer, steps)
     named = trainer.export()
-    out_dir = save_weights_as(model_dir, work / "exported", named)
-    # The exported checkpoint, run by transformers (trunk) and MiMo's MTP order, must reproduce the trainer.
+    out_dir = save_weights_as(trainer.model_dir, Path(workdir) / "exported", named)
     tokens, _ = arith.batch(arith.problems(4, seed=12345))
     mine, ref = trainer.forward(tokens), ReferenceModel(out_dir).forward(tokens)
     vocab = ref["logits"].shape[-1]
     diff = float((mine["logits"][..., :vocab] - ref["logits"]).abs().max())
-    mtp_diff = max((float((a[..., :vocab] - b).abs().max()) for a, b in zip(mine["mtp_logits"], ref["mtp_logits"])),
-                   default=0.0)
-    trainer.shutdown()
-    return {
-        "demo/model_dir": str(model_dir),
-        "demo/exported_dir": str(out_dir),
-        "demo/params": sum(t.numel() for _, t in named),
-        "demo/num_tensors": len(named),
-        "demo/steps": steps,
-        "train/loss_first": history[0]["train/loss"] if history else None,
-        "train/loss": history[-1]["train/loss"] if history else None,
-        "mtp/loss_first": history[0]["mtp/loss"] if history else None,
-        "mtp/loss": history[-1]["mtp/loss"] if history else None,
-        "export/logits_max_abs_diff": diff,
-        "export/mtp_logits_max_abs_diff": mtp_diff,
-        "timing/demo/build": round(t_build, 2),
-        "timing/demo/total": round(time.perf_counter() - t0, 2),
-        "torch": torch.__version__,
-    }
+    mtp = max((float((a[..., :vocab] - b).abs().max()) for a, b in zip(mine["mtp_logits"], ref["mtp_logits"])),
+              default=0.0)
+    return {"export/num_tensors": len(named), "export/params": sum(t.numel() for _, t in named),
+            "export/logits_max_abs_diff": diff, "export/mtp_logits_max_abs_diff": mtp, "export/dir": str(out_dir)}
+
+
+def run(workdir: str = "runs/demo", steps: int = 10, tp: int = 1, pp: int = 1, model_dir: str | None = None) -> dict:
+    """Pretrained tiny MiMo -> Megatron trainer -> train -> export parity -> sync into a real SGLang engine
+    (per-tensor baseline, then colocated flattened buckets) -> bitwise verify -> greedy engine == trainer."""
+    import torch
+
+    from labkit.workbench import Workbench
+
+    t0 = time.perf_counter()
+    out: dict = {}
+    with Workbench(model_dir, ParallelSpec(tp=tp, pp=pp), TrainConfig()) as wb:
+        out.update(wb.timings)
+        hist = wb.train(steps)
+        out.update({"train/loss_first": hist[0]["train/loss"], "train/loss": hist[-1]["train/loss"],
+                    "mtp/loss_first": hist[0]["mtp/loss"], "mtp/loss": hist[-1]["mtp/loss"]} if hist else {})
+        out.update(export_parity(wb.trainer, workdir))
+        base = wb.sync(SyncConfig(transport="per-tensor", progress=False))
+        out.update({"per_tensor/timing/sync/total": base["timing/sync/total"],
+                    "per_tensor/sync/verified": base["sync/verified"]})
+        wb.train(1, progress=False)
+        m = wb.sync(SyncConfig(transport="colocated", bucket_mb=1.0, progress=False))
+        out.update({k: v for k, v in m.items() if k.startswith(("sync/", "timing/sync/"))})
+        g = wb.compare_greedy()
+        out.update({k: v for k, v in g.items() if k != "rollout/samples"})
+        out["rollout/sample"] = g["rollout/samples"][0]
+    out.update({"demo/model_dir": model_dir or "data/tiny-mimo", "timing/demo/total": round(time.perf_counter() - t0, 2),
+                "torch": torch.__version__})
+    return out

@@ -10,8 +10,9 @@ HTTP server is a separate process) with a fresh interpreter.
 
 Tensors handed to the scheduler are pickled through torch.multiprocessing; with the default fd strategy
 a CPU tensor crossing to an HTTP server kills it (`AuthenticationError: digest sent was rejected`), so we
-use the `file_system` strategy. SGLang leaves `/dev/shm/sglang_loads_*.shm` slot files (and, for killed
-runs, `sem.mp-*` semaphores) behind: `cleanup_shm()` removes those no live process still holds.
+use the `file_system` strategy. An engine's shutdown SIGKILLs its children (incl. the resource tracker and
+torch_shm_manager that would unlink files), leaving `/dev/shm/sglang_loads_*.shm`, `sem.mp-*` and
+`torch_<pid>_*` files behind: `cleanup_shm()` removes those no live process still holds.
 """
 
 from __future__ import annotations
@@ -119,15 +120,41 @@ def _held_paths() -> set[str]:
     return held
 
 
-def cleanup_shm(prefixes: tuple[str, ...] = SHM_PREFIXES) -> list[str]:
-    """Remove SGLang's leftover /dev/shm files (our uid only) that no live process holds. Returns the removed."""
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def cleanup_shm(own_pid: int | None = None) -> list[str]:
+    """Remove SGLang's leftover /dev/shm files that no live process holds (open or mapped).
+
+    `sglang_loads_*` (load-snapshot slots) and `sem.mp-*` (multiprocessing semaphores) outlive an engine
+    because its shutdown SIGKILLs the children that would unlink them. `torch_<pid>_*` (file_system
+    sharing) are removed only when their creator is dead or is `own_pid` (the caller, after its engine is
+    gone): a live creator may still hand its handle to a reader. Returns the removed paths.
+    """
     if not SHM_DIR.is_dir():
         return []
-    held, uid, removed = _held_paths(), os.getuid(), []
+    held, removed = _held_paths(), []
     for f in SHM_DIR.iterdir():
-        try:
-            if not f.name.startswith(prefixes) or str(f) in held or f.stat().st_uid != uid:
+        name = f.name
+        if str(f) in held:
+            continue
+        if name.startswith("torch_"):
+            parts = name.split("_")
+            if len(parts) < 3 or not parts[1].isdigit():
                 continue
+            pid = int(parts[1])
+            if pid != own_pid and _pid_alive(pid):
+                continue
+        elif not name.startswith(SHM_PREFIXES):
+            continue
+        try:
             f.unlink()
             removed.append(str(f))
         except FileNotFoundError:

@@ -84,16 +84,21 @@ class Syncer:
         from tqdm.auto import tqdm
 
         t_start = time.perf_counter()
-        phases = dict.fromkeys(("gather", "pack", "transfer", "load", "verify"), 0.0)
+        phases = dict.fromkeys(("gather", "pack", "transfer", "load", "verify", "session"), 0.0)
         transport = make(cfg.transport)
         if self.plan is None or self.plan.bucket_bytes != (1 if cfg.transport == "per-tensor" else cfg.bucket_bytes):
             named_iter = list(named_iter)  # first sync: learn the tensor list, then replay the plan
+            phases["gather"] += time.perf_counter() - t_start
             self.plan = make_plan(metas_of(named_iter), cfg, engine_spec and engine_spec.get("dtype"))
             self.pool = None
         plan = self.plan
         if engine_spec is not None:
             validate(plan, engine_spec["tensors"])  # before the first byte moves
         device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cpu":
+            # Handles to CPU tensors must name shm files: the default fd strategy's handshake is refused
+            # across unrelated processes and kills SGLang's scheduler (AuthenticationError).
+            torch.multiprocessing.set_sharing_strategy("file_system")
         normal = max((b.nbytes for b in plan.buckets if not b.oversize), default=1)
         if transport.flattened and (self.pool is None or self.pool.nbytes < normal):
             self.pool = bk.BufferPool(normal, device=device, shared=cfg.transport == "colocated")
@@ -102,9 +107,11 @@ class Syncer:
         peak = extra
 
         version = weight_version or f"v{self.version + 1}"
+        t_s = time.perf_counter()
         engine.begin_weight_update(selector=cfg.selector)
+        phases["session"] += time.perf_counter() - t_s
         pool = ThreadPoolExecutor(1, thread_name_prefix="labkit-sync")
-        pending, pending_b, seen, expected, kept = None, None, set(), {}, {}
+        pending, pending_b, seen, expected, kept = None, None, set(), vf.Expected(), {}
         try:
             transport.open(engine, plan)
             it = iter(named_iter)
@@ -133,7 +140,7 @@ class Syncer:
                     t3 = time.perf_counter()
                     views = dict(bk.unpack(b, flat)) if flat is not None else {
                         m.name: tensors[m.name].detach().to("cpu", bk.torch_dtype(m.dtype)) for m in b.tensors}
-                    expected.update(vf.expected_checksums(views))  # groups never split: per-bucket layout works
+                    expected.add(views)
                     if cfg.verify == "full":
                         kept.update({n: v.clone() for n, v in views.items()})
                     phases["verify"] += time.perf_counter() - t3
@@ -151,10 +158,12 @@ class Syncer:
                 pool.shutdown(wait=False)
                 engine.end_weight_update()
             raise
+        t_s = time.perf_counter()
         transport.close(engine)
         pool.shutdown(wait=True)
         engine.end_weight_update()
         engine.set_weight_version(version)
+        phases["session"] += time.perf_counter() - t_s
         self.version += 1
 
         result = {"sync/verified": None}
@@ -163,7 +172,7 @@ class Syncer:
             if cfg.verify == "full":
                 result = vf.compare_full(kept, engine.get_tensor)
             else:
-                result = vf.compare(expected, engine.checksums())
+                result = vf.compare(expected.finish(), engine.checksums())
             phases["verify"] += time.perf_counter() - t3
         total = time.perf_counter() - t_start
         nbytes = plan.total_bytes

@@ -45,6 +45,41 @@ def expected_checksums(named: dict[str, torch.Tensor]) -> dict[str, str]:
     return {n: tensor_checksum(t) for n, t in engine_layout(named).items()}
 
 
+_GROUP_SIZE = {"qkv_proj": 3, "gate_up_proj": 2}
+
+
+class Expected:
+    """Trainer-side checksums accumulated bucket by bucket. A fused group is hashed once all its parts have
+    been seen (per-tensor syncs send q, k and v separately); incomplete parts are copied, since flat buffers
+    are reused for the next bucket."""
+
+    def __init__(self):
+        self.checksums: dict[str, str] = {}
+        self._parts: dict[str, dict[int, torch.Tensor]] = {}
+
+    def add(self, named: dict[str, torch.Tensor]) -> None:
+        for name, t in named.items():
+            m = _NAME.match(name)
+            if not m:
+                self.checksums[name] = tensor_checksum(t)
+                continue
+            target, idx = _PARTS[m["part"]]
+            key = f"{m['prefix']}.{target}.{m['kind']}"
+            parts = self._parts.setdefault(key, {})
+            parts[idx] = t
+            if len(parts) == _GROUP_SIZE[target]:
+                self.checksums[key] = tensor_checksum(torch.cat([parts[i] for i in sorted(parts)], dim=0))
+                del self._parts[key]
+            else:
+                parts[idx] = t.detach().cpu().clone()
+
+    def finish(self) -> dict[str, str]:
+        for key, parts in self._parts.items():  # an incomplete group can only mismatch: report it as such
+            self.checksums[key] = tensor_checksum(torch.cat([parts[i] for i in sorted(parts)], dim=0))
+        self._parts = {}
+        return self.checksums
+
+
 def compare(expected: dict[str, str], actual: dict[str, str]) -> dict:
     """Every expected tensor must be present on the engine with the same checksum."""
     missing = sorted(n for n in expected if n not in actual)

@@ -66,3 +66,17 @@ def test_checksums_match_sglang_hash_and_fused_layout():
     bad = dict(exp, **{"model.norm.weight": "0" * 16})
     r = compare(exp, bad)
     assert not r["sync/verified"] and r["verify/mismatched"] == ["model.norm.weight"]
+
+
+def test_expected_checksums_accumulate_fused_groups_across_per_tensor_buckets():
+    from labkit.sync.verify import Expected
+
+    named = _named()
+    acc = Expected()
+    for name, t in named.items():  # one tensor at a time, as the per-tensor transport sends them
+        acc.add({name: t})
+    assert acc.finish() == expected_checksums(named)
+    partial = Expected()
+    partial.add({"model.layers.0.self_attn.q_proj.weight": named["model.layers.0.self_attn.q_proj.weight"]})
+    got = partial.finish()
+    assert got["model.layers.0.self_attn.qkv_proj.weight"] != expected_checksums(named)["model.layers.0.self_attn.qkv_proj.weight"]

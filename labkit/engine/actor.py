@@ -1,0 +1,288 @@
+"""The in-process backend: a real `sglang.Engine` hosted by a Ray actor.
+
+The actor process is where SGLang gets imported, so the CPU compat layer and the model-package hook are
+applied in `__init__` before the first `import sglang` (SGLang's scheduler/detokenizer subprocesses inherit
+both through the environment). Methods answer plain data: control calls a `{"success", "message"}` dict,
+like the HTTP server's JSON, so the handle treats both backends alike.
+"""
+
+from __future__ import annotations
+
+import os
+
+MODEL_PACKAGE = "labkit.engine.sglang_models"
+
+
+def _ok(res) -> dict:
+    """SGLang answers (success, message) tuples or *ReqOutput structs; normalize to a dict."""
+    if isinstance(res, tuple):
+        return {"success": bool(res[0]), "message": str(res[1]) if len(res) > 1 else ""}
+    if hasattr(res, "success"):
+        return {"success": bool(res.success), "message": str(getattr(res, "message", "") or "")}
+    return {"success": True, "message": "" if res is None else str(res)}
+
+
+class _LaunchFailed(RuntimeError):
+    pass
+
+
+def _launch_sigquit(signum, frame):
+    """SGLang's children SIGQUIT their parent when they fail during launch. SGLang's default handler then
+    kills this whole process, so a Ray actor would die without saying why; we raise instead, which aborts
+    Engine.__init__ where it waits, and report the child's traceback. (Module-level: ServerArgs is pickled
+    to the children. Once serving, SGLang's tokenizer manager installs its own handler.)"""
+    raise _LaunchFailed("an SGLang subprocess failed during engine launch (SIGQUIT)")
+
+
+class _StderrTee:
+    """Keep the last lines written to fd 2 by this process and by the SGLang processes it spawns (they
+    inherit fd 2), while still passing everything through to the original stderr (Ray's worker log)."""
+
+    def __init__(self, keep: int = 300):
+        import collections
+        import threading
+
+        self.lines = collections.deque(maxlen=keep)
+        self._orig = os.dup(2)
+        r, w = os.pipe()
+        os.dup2(w, 2)
+        os.close(w)
+        threading.Thread(target=self._pump, args=(r,), daemon=True, name="labkit-stderr-tee").start()
+
+    def _pump(self, r: int) -> None:
+        pending = b""
+        while chunk := os.read(r, 65536):
+            os.write(self._orig, chunk)
+            *done, pending = (pending + chunk).split(b"\n")
+            self.lines.extend(x.decode(errors="replace") for x in done)
+
+    def root_cause(self) -> str:
+        """SGLang's own failure: the last exception line (`SomeError: message`) and the lines before it."""
+        lines = list(self.lines)
+        for i in range(len(lines) - 1, -1, -1):
+            head = lines[i].split(":", 1)[0]
+            if head and " " not in head and (head.endswith(("Error", "Exception")) or "Error" in head):
+                return "\n".join(lines[max(0, i - 6): i + 1])
+        return "\n".join(lines[-15:])
+
+
+class EngineActor:
+    """Wrapped with `ray.remote` by `remote_class()` so that importing this module does not import Ray.
+
+    A failed start does not raise from __init__ (Ray would bury SGLang's message in its own): `ready()`
+    answers {"error": ...} and the handle kills the actor.
+    """
+
+    def __init__(self, cfg):
+        from labkit.compat import sglang as compat
+
+        self.cfg, self.engine, self.error, self._closed = cfg, None, None, False
+        self.layers = compat.apply()
+        # SGLang's registry serves our MiMo (adds get_weights_by_name) and loads its own zoo on demand.
+        os.environ.setdefault("SGLANG_EXTERNAL_MODEL_PACKAGE", MODEL_PACKAGE)
+        self._tee = _StderrTee()
+        try:
+            import sglang
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            self.engine = sglang.Engine(**cfg.sglang_kwargs(device), custom_sigquit_handler=_launch_sigquit)
+        except BaseException as e:  # incl. _LaunchFailed raised from the signal handler
+            import time
+
+            time.sleep(0.5)  # let the pump take the child's last lines
+            self.error = f"{type(e).__name__}: {e}\n--- SGLang's error ---\n{self._tee.root_cause()}"
+            self._kill_children()
+
+    def ready(self) -> dict:
+        if self.error is not None:
+            return {"error": self.error, "pid": os.getpid()}
+        return {"pid": os.getpid(), "compat": self.layers, "children": self._children()}
+
+    def _kill_children(self) -> None:
+        import psutil
+
+        procs = psutil.Process().children(recursive=True)
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(procs, timeout=10)
+
+    def _children(self) -> list[int]:
+        import psutil
+
+        return [p.pid for p in psutil.Process().children(recursive=True)]
+
+    def _run(self, coro):
+        # Engine's own methods do exactly this; we need it for requests Engine has no method for
+        # (or whose Engine method drops a field such as weight_version).
+        return self.engine.loop.run_until_complete(coro)
+
+    # --- generation -------------------------------------------------------------------------------------
+    def generate(self, prompts, input_ids, sampling, return_logprob) -> list[dict]:
+        out = self.engine.generate(prompt=prompts, input_ids=input_ids, sampling_params=sampling,
+                                   return_logprob=return_logprob)
+        return out if isinstance(out, list) else [out]
+
+    # --- weight-update session and transports --------------------------------------------------------------
+    def begin_weight_update(self, selector="all") -> dict:
+        return _ok(self.engine.begin_weight_update(selector=selector))
+
+    def end_weight_update(self) -> dict:
+        return _ok(self.engine.end_weight_update())
+
+    def update_weights_from_tensor(self, payload, load_format=None, flush_cache=True, weight_version=None) -> dict:
+        from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
+
+        # Engine.update_weights_from_tensor has no weight_version argument; the request struct does, and
+        # SGLang then tags the version atomically with a successful update (never on a refused one).
+        obj = UpdateWeightsFromTensorReqInput(
+            serialized_named_tensors=self.engine._serialize_tensors_per_rank(payload, load_format),
+            load_format=load_format, flush_cache=flush_cache, weight_version=weight_version)
+        return _ok(self._run(self.engine.tokenizer_manager.update_weights_from_tensor(obj, None)))
+
+    def update_weights_from_distributed(self, names, dtypes, shapes, group_name, flush_cache=True,
+                                        load_format=None, weight_version=None) -> dict:
+        from sglang.srt.managers.io_struct import UpdateWeightsFromDistributedReqInput
+
+        obj = UpdateWeightsFromDistributedReqInput(
+            names=list(names), dtypes=list(dtypes), shapes=[list(s) for s in shapes], group_name=group_name,
+            flush_cache=flush_cache, load_format=load_format, weight_version=weight_version)
+        return _ok(self._run(self.engine.tokenizer_manager.update_weights_from_distributed(obj, None)))
+
+    def init_weights_update_group(self, master_address, master_port, rank_offset, world_size, group_name,
+                                  backend) -> dict:
+        return _ok(self.engine.init_weights_update_group(master_address, master_port, rank_offset, world_size,
+                                                         group_name, backend))
+
+    def destroy_weights_update_group(self, group_name) -> dict:
+        return _ok(self.engine.destroy_weights_update_group(group_name))
+
+    def set_weight_version(self, version, abort_all_requests=False) -> dict:
+        from sglang.srt.managers.io_struct import UpdateWeightVersionReqInput
+
+        tm = self.engine.tokenizer_manager
+        obj = UpdateWeightVersionReqInput(new_version=version, abort_all_requests=abort_all_requests)
+        if abort_all_requests:  # what the HTTP route does before the same call
+            tm.abort_request(abort_all=True)
+        self._run(tm.update_weight_version(obj))
+        return {"success": True, "message": f"Weight version updated to {version}"}
+
+    def get_weights_by_name(self, name, truncate_size):
+        return self.engine.get_weights_by_name(name, truncate_size)
+
+    def model_info(self) -> dict:
+        return self.engine.get_model_info()
+
+    def tp_size(self) -> int:
+        return self.cfg.tp
+
+    def check_weights(self, action="checksum") -> dict:
+        from sglang.srt.managers.io_struct import CheckWeightsReqInput
+
+        ok, msg, ranks, _ = self._run(self.engine.tokenizer_manager.check_weights(CheckWeightsReqInput(action=action)))
+        return {"success": bool(ok), "message": str(msg), "ranks": ranks}
+
+    # --- cache and scheduling ------------------------------------------------------------------------------
+    def flush_cache(self) -> dict:
+        return _ok(self.engine.flush_cache())
+
+    def pause_generation(self, mode="abort") -> dict:
+        from sglang.srt.managers.io_struct import PauseGenerationReqInput
+
+        self._run(self.engine.tokenizer_manager.pause_generation(PauseGenerationReqInput(mode=mode)))
+        return {"success": True, "message": "Generation paused."}
+
+    def continue_generation(self) -> dict:
+        from sglang.srt.managers.io_struct import ContinueGenerationReqInput
+
+        self._run(self.engine.tokenizer_manager.continue_generation(ContinueGenerationReqInput()))
+        return {"success": True, "message": "Generation continued."}
+
+    def release_memory_occupation(self, tags=None) -> dict:
+        return _ok(self.engine.release_memory_occupation(tags))
+
+    def resume_memory_occupation(self, tags=None) -> dict:
+        return _ok(self.engine.resume_memory_occupation(tags))
+
+    # --- lifecycle -----------------------------------------------------------------------------------------
+    def health(self) -> bool:
+        """SGLang's processes are alive (what /health answers without SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION)."""
+        import psutil
+
+        if self._closed or self.engine.tokenizer_manager.gracefully_exit:
+            return False
+        pids = self.engine.get_all_child_pids() or self._children()
+        return all(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+
+    def shutdown(self) -> list[str]:
+        """Stop SGLang's processes and remove what they leave in /dev/shm. Returns the removed files."""
+        from labkit.compat import sglang as compat
+
+        if not self._closed and self.engine is not None:
+            self._closed = True
+            # Engine.shutdown kills every descendant of this process (scheduler, detokenizer, and also the
+            # multiprocessing resource tracker and torch_shm_manager that would have unlinked its files).
+            self.engine.shutdown()
+        return compat.cleanup_shm(own_pid=os.getpid())
+
+
+class ActorBackend:
+    """Driver side: every EngineActor method as a bounded `ray.get`; a dead actor is EngineUnreachable."""
+
+    def __init__(self, actor, timeout_s: float):
+        self.actor, self.timeout_s = actor, timeout_s
+
+    def __getattr__(self, method):
+        if method.startswith("_"):  # copy/pickle probes are not actor methods
+            raise AttributeError(method)
+
+        def call(*args, **kwargs):
+            import ray
+
+            from labkit.engine.errors import EngineError, EngineUnreachable
+
+            try:
+                return ray.get(getattr(self.actor, method).remote(*args, **kwargs), timeout=self.timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                raise EngineError(f"engine actor call {method} did not answer within {self.timeout_s:.0f} s") from None
+            except ray.exceptions.ActorDiedError as e:
+                raise EngineUnreachable(f"engine actor died ({method}): {e}") from None
+
+        return call
+
+    def shutdown(self) -> list[str]:
+        import ray
+
+        from labkit.compat import sglang as compat
+
+        removed = []
+        try:
+            removed = ray.get(self.actor.shutdown.remote(), timeout=self.timeout_s)
+        except ray.exceptions.RayError:
+            pass  # already dead or stuck: killing the actor takes its SGLang children down (PDEATHSIG)
+        ray.kill(self.actor, no_restart=True)
+        _wait_dead(self.actor)
+        return removed + compat.cleanup_shm()
+
+
+def _wait_dead(actor, timeout_s: float = 30.0) -> None:
+    import time
+
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.ready.remote(), timeout=1)
+        except ray.exceptions.RayError:
+            return
+        time.sleep(0.2)
+
+
+def remote_class(num_cpus: float = 1, num_gpus: float = 0):
+    import ray
+
+    return ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0, max_task_retries=0)(EngineActor)

@@ -1,0 +1,15 @@
+"""Errors of the engine layer. Every failure SGLang reports as (success=False, message) becomes an EngineError."""
+
+from __future__ import annotations
+
+
+class EngineError(RuntimeError):
+    """SGLang refused or failed a call; the message carries SGLang's own text."""
+
+
+class EngineUnreachable(EngineError):
+    """No engine answered at the given URL (or the engine actor died) within the bounded timeout."""
+
+
+class Unsupported(EngineError, NotImplementedError):
+    """The call cannot work on this machine; raised before SGLang is asked (asking would crash or hang it)."""

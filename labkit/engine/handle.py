@@ -1,0 +1,280 @@
+"""One engine interface over two backends: a Ray actor holding `sglang.Engine`, or an SGLang HTTP server.
+
+The handle owns everything both backends share: failing early on a model dir SGLang cannot load, refusing
+calls that would crash a CPU engine, turning SGLang's (success=False, message) into EngineError, the
+shape of generate's results, and bounded waits.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from labkit.engine.config import EngineConfig
+from labkit.engine.errors import EngineError, EngineUnreachable, Unsupported
+
+FULL = 2**31 - 1  # truncate_size that keeps every row (SGLang slices the row list with it)
+_NO_CPU_MEMORY_RELEASE = (
+    "release/resume_memory_occupation is unsupported on a CPU engine: SGLang's scheduler calls "
+    "torch.get_device_module().synchronize(), which raises 'Found no NVIDIA driver on your system', "
+    "kills the scheduler and leaves the call hanging; labkit refuses it without asking SGLang")
+
+
+def check_model_dir(model_dir: str) -> None:
+    """Fail before starting anything when the directory cannot be an HF model directory."""
+    d = Path(model_dir)
+    if not d.is_dir():
+        raise EngineError(f"model_dir={model_dir!r} is not a directory")
+    cfg = d / "config.json"
+    if not cfg.is_file():
+        raise EngineError(f"model_dir={model_dir!r} has no config.json: SGLang needs an HF model directory")
+    try:
+        json.loads(cfg.read_text())
+    except ValueError as e:
+        raise EngineError(f"model_dir={model_dir!r}: config.json is not valid JSON ({e})") from None
+    if not any(d.glob("*.safetensors")) and not any(d.glob("*.bin")):
+        raise EngineError(f"model_dir={model_dir!r} has no *.safetensors or *.bin weights")
+
+
+def _cpu() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+class EngineHandle:
+    """Use `EngineHandle.start(cfg)` (Ray actor, or connect when cfg.url is set), `.connect(url)`, or
+    `.launch(cfg)` (start an HTTP server subprocess this handle owns)."""
+
+    def __init__(self, backend, cfg: EngineConfig, kind: str, server=None, actor=None):
+        self._b, self.cfg, self.kind, self._server, self._actor = backend, cfg, kind, server, actor
+        self._closed = self._paused = False
+
+    # --- construction -------------------------------------------------------------------------------------
+    @classmethod
+    def start(cls, cfg: EngineConfig, scheduling_strategy=None) -> EngineHandle:
+        if cfg.url is not None:
+            return cls.connect(cfg.url, cfg)
+        check_model_dir(cfg.model_dir)
+        if cfg.tp != 1 and _cpu():
+            raise Unsupported(f"EngineConfig.tp={cfg.tp}: a CPU engine runs TP=1 only")
+        import ray
+
+        from labkit.cluster import runtime
+        from labkit.engine.actor import ActorBackend, remote_class
+
+        runtime.init()
+        opts = {"scheduling_strategy": scheduling_strategy} if scheduling_strategy is not None else {}
+        actor = remote_class(num_gpus=0 if _cpu() else cfg.tp).options(**opts).remote(cfg)
+        backend = ActorBackend(actor, cfg.call_timeout_s)
+        try:
+            info = ray.get(actor.ready.remote(), timeout=cfg.start_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            backend.shutdown()
+            raise EngineError(f"SGLang engine for model_dir={cfg.model_dir!r} did not start within "
+                              f"{cfg.start_timeout_s:.0f} s") from None
+        except ray.exceptions.RayError as e:  # the actor process died (e.g. killed while loading)
+            backend.shutdown()
+            raise EngineError(f"SGLang engine actor for model_dir={cfg.model_dir!r} died while starting: "
+                              f"{_root_cause(e)}") from None
+        if "error" in info:
+            backend.shutdown()
+            raise EngineError(f"SGLang could not start an engine for model_dir={cfg.model_dir!r}: {info['error']}")
+        return cls(backend, cfg, "ray", actor=actor)
+
+    @classmethod
+    def connect(cls, url: str, cfg: EngineConfig | None = None) -> EngineHandle:
+        from labkit.engine.http import HttpBackend
+
+        cfg = cfg or EngineConfig(model_dir="<remote>", url=url)
+        backend = HttpBackend(url, cfg.call_timeout_s)
+        if not backend.health(timeout=min(10.0, cfg.call_timeout_s)):
+            raise EngineUnreachable(f"engine at {url} did not answer GET /health (with 200) within "
+                                    f"{min(10.0, cfg.call_timeout_s):.0f} s")
+        return cls(backend, cfg, "http")
+
+    @classmethod
+    def launch(cls, cfg: EngineConfig, port: int | None = None) -> EngineHandle:
+        from labkit.engine.http import HttpBackend, ServerProcess
+
+        check_model_dir(cfg.model_dir)
+        if cfg.tp != 1 and _cpu():
+            raise Unsupported(f"EngineConfig.tp={cfg.tp}: a CPU engine runs TP=1 only")
+        server = ServerProcess(cfg, port=port)
+        return cls(HttpBackend(server.url, cfg.call_timeout_s), cfg, "http", server=server)
+
+    @property
+    def url(self) -> str | None:
+        return getattr(self._b, "url", None)
+
+    @property
+    def tp_size(self) -> int:
+        return self._b.tp_size()
+
+    def portable(self) -> EngineHandle:
+        """A picklable handle to the same engine for another process (e.g. a trainer actor); it owns
+        nothing, so its shutdown() leaves the engine running."""
+        h = EngineHandle(self._b, self.cfg, self.kind)
+        h._paused = self._paused
+        return h
+
+    # --- plumbing ----------------------------------------------------------------------------------------
+    def _control(self, method: str, *args, **kwargs) -> str:
+        if self._closed:
+            raise EngineError(f"{method}: this engine handle was shut down")
+        res = getattr(self._b, method)(*args, **kwargs)
+        if not res.get("success", False):
+            raise EngineError(f"{method} failed: {res.get('message', '')}")
+        return res.get("message", "")
+
+    # --- generation ---------------------------------------------------------------------------------------
+    def generate(self, prompts: list[str] | None = None, input_ids: list[list[int]] | None = None,
+                 sampling: dict | list[dict] | None = None, return_logprob: bool = False) -> list[dict]:
+        """One dict per prompt: tokens (output ids), text, logprobs (per output token, or None), meta_info
+        (SGLang's, incl. weight_version and any spec_* keys; the logprob lists are moved out)."""
+        if (prompts is None) == (input_ids is None):
+            raise ValueError("generate: pass exactly one of prompts= or input_ids=")
+        if self._closed:
+            raise EngineError("generate: this engine handle was shut down")
+        if self._paused and self._actor is not None:
+            # The actor runs one call at a time: a request waiting for continue_generation would block the
+            # very call that continues it. (An HTTP server just holds the request until continued.)
+            raise EngineError("generate: generation is paused; call continue_generation() first")
+        sampling = list(sampling) if isinstance(sampling, (list, tuple)) else dict(sampling or {})  # or one per prompt
+        outs = self._b.generate(prompts, input_ids, sampling, bool(return_logprob))
+        results = []
+        for o in outs:
+            meta = dict(o.get("meta_info", {}))
+            lps = meta.pop("output_token_logprobs", None)
+            meta.pop("input_token_logprobs", None)
+            results.append({"tokens": list(o.get("output_ids", [])), "text": o.get("text", ""),
+                            "logprobs": [float(x[0]) for x in lps] if return_logprob and lps is not None else None,
+                            "meta_info": meta})
+        return results
+
+    # --- weight updates -------------------------------------------------------------------------------------
+    def begin_weight_update(self, selector: str = "all") -> str:
+        return self._control("begin_weight_update", selector)
+
+    def end_weight_update(self) -> str:
+        return self._control("end_weight_update")
+
+    def update_weights_from_tensor(self, payload, load_format: str | None = None, flush_cache: bool = True,
+                                   weight_version: str | None = None) -> str:
+        """`payload`: [(hf_name, tensor), ...], or for load_format="flattened_bucket" one serialized payload
+        per TP rank. Must run inside begin/end_weight_update. weight_version is set only if SGLang accepts."""
+        return self._control("update_weights_from_tensor", list(payload), load_format, flush_cache, weight_version)
+
+    def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
+                                        group_name: str = "weight_update_group", flush_cache: bool = True,
+                                        load_format: str | None = None, weight_version: str | None = None) -> str:
+        return self._control("update_weights_from_distributed", names, dtypes, shapes, group_name, flush_cache,
+                             load_format, weight_version)
+
+    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                                  group_name: str = "weight_update_group", backend: str | None = None) -> str:
+        backend = backend or ("gloo" if _cpu() else "nccl")
+        return self._control("init_weights_update_group", master_address, master_port, rank_offset, world_size,
+                             group_name, backend)
+
+    def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> str:
+        return self._control("destroy_weights_update_group", group_name)
+
+    @property
+    def weight_version(self) -> str:
+        """The version SGLang tags outputs with now ("default" until an update sets one)."""
+        return self.model_info()["weight_version"]
+
+    def set_weight_version(self, version: str, abort_all_requests: bool = False) -> str:
+        return self._control("set_weight_version", version, abort_all_requests)
+
+    def model_info(self) -> dict:
+        if self._closed:
+            raise EngineError("model_info: this engine handle was shut down")
+        return self._b.model_info()
+
+    def get_weights_by_name(self, name: str, truncate_size: int | None = None):
+        """The engine's tensor for an HF name, as float32 (SGLang converts with .to(float32); exact for
+        fp32/bf16/fp16 weights). truncate_size=None reads every row; an int keeps that many rows."""
+        import torch
+
+        if self._closed:
+            raise EngineError("get_weights_by_name: this engine handle was shut down")
+        rows = self._b.get_weights_by_name(name, FULL if truncate_size is None else truncate_size)
+        if rows is None:
+            raise EngineError(f"get_weights_by_name({name!r}) failed: SGLang returned no tensor (unknown name, "
+                              "or the model class cannot export it; see the engine log)")
+        return torch.tensor(rows, dtype=torch.float32)
+
+    def get_tensor(self, name: str):
+        """The full tensor for an HF name (float32), for element-wise verification."""
+        return self.get_weights_by_name(name)
+
+    def checksums(self) -> dict[str, str]:
+        """SGLang's weight checker: {engine parameter name: 16 hex chars} (sha256 of the raw bytes, first 8
+        bytes, on CPU tensors), in the engine's layout (fused qkv_proj / gate_up_proj). TP=1 engines."""
+        if self._closed:
+            raise EngineError("checksums: this engine handle was shut down")
+        res = self._b.check_weights("checksum")
+        if not res["success"]:
+            raise EngineError(f"checksums failed: {res['message']}")
+        ranks = res["ranks"] or []  # one entry per GPU rank (its parallelism_info lists the roles it runs)
+        if len(ranks) != 1:
+            raise Unsupported(f"checksums: the engine reports {len(ranks)} ranks; labkit reads TP=1 engines")
+        return dict(ranks[0]["checksums"])
+
+    # --- cache and scheduling ------------------------------------------------------------------------------
+    def flush_cache(self) -> str:
+        return self._control("flush_cache")
+
+    def pause_generation(self, mode: str = "abort") -> str:
+        """SGLang's pause: mode "abort" (drop in-flight requests), "retract" or "in_place"."""
+        msg = self._control("pause_generation", mode)
+        self._paused = True
+        return msg
+
+    def continue_generation(self) -> str:
+        msg = self._control("continue_generation")
+        self._paused = False
+        return msg
+
+    def release_memory(self, tags: list[str] | None = None) -> str:
+        """GPU only (untested in labkit): SGLang's release_memory_occupation("weights"/"kv_cache")."""
+        if _cpu():
+            raise Unsupported(_NO_CPU_MEMORY_RELEASE)
+        return self._control("release_memory_occupation", tags)
+
+    def resume_memory(self, tags: list[str] | None = None) -> str:
+        if _cpu():
+            raise Unsupported(_NO_CPU_MEMORY_RELEASE)
+        return self._control("resume_memory_occupation", tags)
+
+    # --- lifecycle -----------------------------------------------------------------------------------------
+    def health(self) -> bool:
+        return not self._closed and self._b.health()
+
+    def shutdown(self) -> list[str]:
+        """Stop what this handle started (actor and its SGLang processes, or the owned server) and remove
+        their /dev/shm leftovers; a connect()ed server is left running. Idempotent. Returns removed files."""
+        if self._closed:
+            return []
+        self._closed = True
+        if self._server is not None:
+            return self._server.stop()
+        if self._actor is not None:
+            return self._b.shutdown()
+        return []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+        return False
+
+
+def _root_cause(e: Exception) -> str:
+    """The last line of the innermost traceback Ray carries (SGLang's own message), plus its type."""
+    text = str(e).strip()
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(" ")]
+    return lines[-1] if lines else text[-2000:]

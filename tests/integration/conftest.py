@@ -1,0 +1,72 @@
+"""Session fixtures for the integration tests.
+
+`engine` / `engine_model_dir`: ONE real SGLang engine (in-process `sglang.Engine` inside a Ray actor, on
+the local Ray cluster from labkit.cluster.runtime) per test session; starting one costs ~20-40 s on 2 cores.
+Teardown checks that shutdown left no SGLang process and no /dev/shm file behind.
+"""
+
+import os
+
+import pytest
+
+ENGINE_SPEC = dict(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128, seed=0)
+
+
+def engine_config(model_dir, **kw):
+    from labkit.engine import EngineConfig
+
+    # fp32 so weights compare bitwise with the trainer's; a tiny KV cache instead of SGLang's RAM-sized default
+    return EngineConfig(model_dir=str(model_dir), dtype="float32", mem_fraction_static=0.05,
+                        max_total_tokens=2048, random_seed=0, **kw)
+
+
+def shm_leftovers(pids=()) -> list[str]:
+    """SGLang /dev/shm files (load slots, semaphores) that no live process holds."""
+    from labkit.compat import sglang as compat
+
+    held, torch_files = compat._held_paths(), tuple(f"torch_{p}_" for p in (os.getpid(), *pids))
+    return sorted(str(f) for f in compat.SHM_DIR.iterdir()
+                  if f.name.startswith(compat.SHM_PREFIXES + torch_files) and str(f) not in held)
+
+
+def live(pids) -> list[int]:
+    import psutil
+
+    out = []
+    for p in pids:
+        try:
+            if psutil.Process(p).status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+@pytest.fixture(scope="session")
+def engine_model_dir(tmp_path_factory):
+    from labkit.config import ModelSpec
+    from labkit.models.tiny import make_tiny_mimo
+
+    return make_tiny_mimo(tmp_path_factory.mktemp("engine") / "tiny", ModelSpec(**ENGINE_SPEC))
+
+
+@pytest.fixture(scope="session")
+def engine(engine_model_dir):
+    import ray
+
+    from labkit.cluster import runtime
+    from labkit.engine import EngineHandle
+
+    started_ray = not ray.is_initialized()
+    runtime.init()
+    handle = EngineHandle.start(engine_config(engine_model_dir))
+    info = handle._b.ready()  # actor pid + SGLang's processes, to check teardown
+    try:
+        yield handle
+    finally:
+        handle.shutdown()
+        if started_ray:
+            runtime.shutdown()
+    left = live([info["pid"], *info["children"]])
+    assert not left, f"engine shutdown left processes {left}"
+    assert not shm_leftovers([info["pid"]]), f"engine shutdown left {shm_leftovers([info['pid']])}"
