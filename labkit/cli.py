@@ -59,12 +59,45 @@ def cmd_pretrain(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    from labkit.sync import bench
+
+    if args.what != "sync":
+        raise ValueError(f"bench target {args.what!r} is invalid: expected 'sync'")
+    spec = bench.QUICK_SPEC if args.quick else bench.BENCH_SPEC
+    out = bench.bench_sync(spec, bucket_mb=args.bucket_mb, reps=args.reps, progress=not args.json)
+    _write(out, args.out)
+    _emit(out, args.json)
+    return 0
+
+
+def cmd_tune(args) -> int:
+    from labkit.sync import bench
+
+    spec = bench.QUICK_SPEC if args.quick else bench.BENCH_SPEC
+    out = bench.tune(spec, transport=args.transport, lo_mb=args.lo_mb, hi_mb=args.hi_mb,
+                     memory_budget_mb=args.memory_budget_mb, max_trials=args.max_trials, progress=not args.json)
+    _write(out, args.out)
+    _emit(out, args.json)
+    return 0
+
+
+def _write(metrics: dict, path: str | None) -> None:
+    if path:
+        from pathlib import Path
+
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(metrics, indent=2, default=str))
+
+
 def _positive_float(name):
     def parse(text):
         try:
             v = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{name}={text!r} is invalid: expected a positive number") from None
+        if not v > 0:
+            raise argparse.ArgumentTypeError(f"{name}={text!r} is invalid: expected a positive number")
         return v
     return parse
 
@@ -98,6 +131,26 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--pp", type=int, default=1)
     d.add_argument("--json", action="store_true")
     d.set_defaults(fn=cmd_sync)
+
+    d = sub.add_parser("bench", help="benchmarks; `labkit bench sync`: per-tensor vs bucketed vs memcpy")
+    d.add_argument("what", choices=["sync"])
+    d.add_argument("--bucket-mb", type=_positive_float("bucket_mb"), default=32.0)
+    d.add_argument("--reps", type=int, default=3)
+    d.add_argument("--quick", action="store_true", help="a small model (tests)")
+    d.add_argument("--out", default=None, help="also write the JSON here")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(fn=cmd_bench)
+
+    d = sub.add_parser("tune", help="bucket-size sweep under a memory budget + autotuner")
+    d.add_argument("--transport", default="colocated")
+    d.add_argument("--lo-mb", type=_positive_float("lo_mb"), default=0.5)
+    d.add_argument("--hi-mb", type=_positive_float("hi_mb"), default=256.0)
+    d.add_argument("--memory-budget-mb", type=_positive_float("memory_budget_mb"), default=512.0)
+    d.add_argument("--max-trials", type=int, default=6)
+    d.add_argument("--quick", action="store_true", help="a small model (tests)")
+    d.add_argument("--out", default=None, help="also write the JSON here")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(fn=cmd_tune)
 
     d = sub.add_parser("pretrain", help="rebuild the shipped tiny MiMo checkpoint (data/tiny-mimo)")
     d.add_argument("--out", default=None)

@@ -90,10 +90,34 @@ def patch_bridge(bridge):
     return bridge
 
 
-def export_unique(bridge, models):
-    """mbridge's export with duplicates dropped (PP>1 + MTP exports the shared embedding twice)."""
+def _export_no_pp(bridge, models):
+    """mbridge's export_weights minus its pipeline collectives, for PP=1 dense models.
+
+    mbridge exchanges every tensor's name and spec over the PP group (all_gather_object + broadcast) even
+    when that group has one rank: ~1 ms per tensor, which was most of a CPU sync's gather phase.
+    """
+    from mbridge.core.util import unwrap_model
+
+    tp, group = bridge.mpu.tp_size, bridge.mpu.tp_group
+    for model in models:
+        model = unwrap_model(model)
+        local_to_global = bridge._weight_name_mapping_mcore_local_to_global(model, consider_ep=False)
+        for local, param in model.named_parameters():
+            name = local_to_global[local]
+            if getattr(param, "tensor_model_parallel", False) and tp > 1:
+                parts = [torch.empty_like(param) for _ in range(tp)]
+                torch.distributed.all_gather(parts, param, group=group)
+                param = bridge._weight_merge_across_tp(name, parts, param)
+            yield from zip(*bridge._weight_to_hf_format(name, param))
+
+
+def export_unique(bridge, models, fast: bool = True):
+    """HF-named full tensors with duplicates dropped (PP>1 + MTP exports the shared embedding twice)."""
+    dense = not getattr(bridge.config, "num_moe_experts", None) and bridge.mpu.ep_size == 1
+    no_pp = bridge.mpu.pp_size == 1 and bridge.mpu.vpp_size in (None, 1)
+    gen = _export_no_pp(bridge, models) if fast and dense and no_pp else bridge.export_weights(models)
     seen = set()
-    for name, t in bridge.export_weights(models):
+    for name, t in gen:
         if name in seen:
             continue
         seen.add(name)

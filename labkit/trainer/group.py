@@ -78,8 +78,8 @@ class Trainer:
             outs.append(new)
         return outs
 
-    def export(self) -> list:
-        return self._one("export")
+    def export(self, fast: bool = True) -> list:
+        return self._one("export", fast=fast)
 
     @property
     def num_params(self) -> int:

@@ -147,11 +147,12 @@ class TrainerRank:
 
     # ---------------------------------------------------------------- export
     @torch.no_grad()
-    def export(self, to_cpu: bool = True) -> list[tuple[str, torch.Tensor]] | None:
+    def export(self, to_cpu: bool = True, fast: bool = True) -> list[tuple[str, torch.Tensor]] | None:
         """HF-named full tensors (TP-gathered, PP-broadcast) on rank 0; every rank must call it."""
         from labkit.trainer.bridge import export_unique
 
-        out = [(n, t.detach().to("cpu") if to_cpu else t.detach()) for n, t in export_unique(self.bridge, self.models)]
+        out = [(n, t.detach().to("cpu") if to_cpu else t.detach())
+               for n, t in export_unique(self.bridge, self.models, fast=fast)]
         return out if self.rank == 0 else None
 
 

@@ -33,11 +33,13 @@ def _run(layout: str, model_dir: str) -> dict:
     try:
         before = trainer.forward(probe)
         exported = trainer.export()
+        slow = trainer.export(fast=False)  # mbridge's own export_weights, collectives and all
         losses = []
         for step in range(STEPS):
             tokens, mask = arith.batch(arith.problems(16, seed=step))
             losses.append(trainer.train_step(tokens, mask))
-        return {"probe": probe, "before": before, "exported": exported, "losses": losses, "compat": trainer.compat}
+        return {"probe": probe, "before": before, "exported": exported, "slow": slow, "losses": losses,
+                "compat": trainer.compat}
     finally:
         trainer.shutdown()
 
@@ -52,6 +54,13 @@ def test_export_reproduces_megatron_logits_in_a_fresh_transformers_model(layout,
     ref = ReferenceModel(out_dir).forward(r["probe"])  # a fresh transformers model, strict load
     diff = (r["before"]["logits"] - ref["logits"]).abs().max().item()
     assert diff <= 1e-5, f"{layout}: main logits differ by {diff}"
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_fast_export_equals_mbridge_export(layout, model_dir):
+    r = _run(layout, str(model_dir))
+    assert [n for n, _ in r["exported"]] == [n for n, _ in r["slow"]]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(r["exported"], r["slow"]))
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

@@ -1,0 +1,77 @@
+"""Small experiments the notebooks run on a Workbench, one call per notebook cell.
+
+rollout: engine generations on the arithmetic task, scored with `arith.reward`.
+logprob_agreement: the engine's per-token log-probs vs the trainer's own forward on the same tokens.
+sync_measure: a `measure(bucket_bytes)` callable for `labkit.sync.tune` built from real `wb.sync` calls.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from labkit.sync.session import MB, SyncConfig
+
+
+def rollout(wb, n: int = 8, seed: int = 0, temperature: float = 0.0, max_new_tokens: int = 6) -> dict:
+    """Generate from the engine; rows carry prompt, completion, reward, token ids, engine log-probs."""
+    from labkit.models.tokenizer import encode
+    from labkit.tasks import arith
+
+    problems = arith.problems(n, seed=seed)
+    ids = [encode(p.prompt) for p in problems]
+    outs = wb.engine.generate(input_ids=ids, sampling={"temperature": temperature, "max_new_tokens": max_new_tokens},
+                              return_logprob=True)
+    rows = [{"prompt": p.prompt, "answer": p.answer, "completion": o["text"],
+             "reward": arith.reward(p, o["text"]), "prompt_ids": i, "tokens": o["tokens"], "logprobs": o["logprobs"],
+             "weight_version": o["meta_info"].get("weight_version")} for p, i, o in zip(problems, ids, outs)]
+    return {"rows": rows, "reward": sum(r["reward"] for r in rows) / len(rows),
+            "weight_version": rows[0]["weight_version"]}
+
+
+def logprob_agreement(wb, rows: list[dict]) -> dict:
+    """Teacher-force prompt + completion through the trainer and compare log-probs of the sampled tokens.
+
+    The engine reports log-probs of the raw logits (temperature does not change them), so after a sync the
+    two sides should agree to float rounding; a stale engine shows up as a large difference.
+    """
+    import torch
+
+    from labkit.models.tokenizer import PAD
+
+    seqs = [r["prompt_ids"] + r["tokens"] for r in rows]
+    tokens = torch.full((len(seqs), max(map(len, seqs))), PAD, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        tokens[i, : len(s)] = torch.tensor(s)
+    logp = torch.log_softmax(wb.trainer.forward(tokens)["logits"].float(), dim=-1)
+    trainer_lp, engine_lp = [], []
+    for i, r in enumerate(rows):
+        p = len(r["prompt_ids"])
+        # Causal: the logits at position p+j-1 predict token p+j; right padding does not reach them.
+        trainer_lp += [float(logp[i, p + j - 1, t]) for j, t in enumerate(r["tokens"])]
+        engine_lp += list(r["logprobs"] or [])
+    diffs = [abs(a - b) for a, b in zip(trainer_lp, engine_lp)]
+    return {"max_abs_diff": max(diffs, default=0.0), "mean_abs_diff": sum(diffs) / max(1, len(diffs)),
+            "trainer": trainer_lp, "engine": engine_lp}
+
+
+def sync_measure(wb, transport: str = "colocated", repeats: int = 1, warmup: bool = True,
+                 memory_budget_mb: float | None = None, keep: list | None = None):
+    """`measure(bucket_bytes) -> {"seconds", "peak_extra_bytes"}` for `labkit.sync.tune`, from real syncs.
+
+    Seconds are the median wall time of `repeats` syncs without verification (verify once after tuning).
+    The first sync at a new size re-plans, so `warmup` spends one unmeasured sync per size. Full metrics of
+    every measured sync are appended to `keep` when given (for per-phase plots).
+    """
+    def measure(bucket_bytes: int) -> dict:
+        cfg = SyncConfig(transport=transport, bucket_mb=bucket_bytes / MB, memory_budget_mb=memory_budget_mb,
+                         verify="none", progress=False)
+        if warmup:
+            wb.sync(cfg)
+        runs = [wb.sync(cfg) for _ in range(max(1, repeats))]
+        mid = sorted(runs, key=lambda m: m["timing/sync/total"])[len(runs) // 2]
+        if keep is not None:
+            keep.append(mid)
+        return {"seconds": statistics.median(m["timing/sync/total"] for m in runs),
+                "peak_extra_bytes": max(m["sync/peak_extra_bytes"] for m in runs)}
+
+    return measure

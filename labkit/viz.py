@@ -1,0 +1,192 @@
+"""Plotly figures from labkit's metric dicts. Pure: data in, `go.Figure` out; `save` writes them to disk.
+
+Every builder takes the dicts the library already returns (`wb.sync(...)`, `tune.sweep`, train history,
+acceptance history), so notebooks, the CLI and sweeps draw the same pictures.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+MB = 1 << 20
+PHASES = ("gather", "pack", "transfer", "load", "verify", "session")
+
+
+def _go():
+    import plotly.graph_objects as go
+
+    return go
+
+
+def sync_phases(runs: list[dict], labels: list[str] | None = None, title: str = "Sync time per phase") -> "go.Figure":
+    """Stacked per-phase seconds, one bar per sync (per transport or per bucket size), wall total as a marker.
+
+    Phases overlap (the next bucket is packed while this one loads), so the stack can exceed the wall total.
+    """
+    go = _go()
+    labels = labels or [run_label(m) for m in runs]
+    fig = go.Figure()
+    for ph in PHASES:
+        ys = [m.get(f"timing/sync/{ph}", 0.0) for m in runs]
+        per_bucket = [1e3 * y / max(1, m.get("sync/num_buckets", 1)) for y, m in zip(ys, runs)]
+        fig.add_bar(name=ph, x=labels, y=ys, customdata=per_bucket,
+                    hovertemplate=f"{ph}: %{{y:.4f}} s (%{{customdata:.3f}} ms per bucket)<extra></extra>")
+    fig.add_scatter(name="wall total", x=labels, y=[m.get("timing/sync/total") for m in runs], mode="markers",
+                    marker=dict(symbol="line-ew-open", size=28, line=dict(width=3, color="black")))
+    fig.update_layout(barmode="stack", title=title, yaxis_title="seconds", legend_title="phase")
+    return fig
+
+
+def run_label(m: dict) -> str:
+    t = m.get("sync/transport", "?")
+    if t == "per-tensor":
+        return f"per-tensor ({m.get('sync/num_buckets', '?')} calls)"
+    return f"{t} @ {fmt_bytes(m.get('sync/bucket_bytes', 0))} ({m.get('sync/num_buckets', '?')} buckets)"
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "?"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", MB), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{int(n)} B"
+
+
+def bucket_sweep(curve: list[dict], chosen_bytes: int | None = None, budget_bytes: int | None = None,
+                 trials: list[dict] | None = None, title: str = "Bucket size: sync time and memory") -> "go.Figure":
+    """Time and peak extra memory vs bucket size (log x); the chosen bucket and the memory budget marked.
+
+    `curve` rows: {"bucket_bytes", "seconds", "peak_extra_bytes"} (tune.sweep); `trials` (autotune) are
+    overlaid as open markers so the search path is visible against the full curve.
+    """
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=("sync time", "peak extra memory"))
+    rows = sorted(curve, key=lambda r: r["bucket_bytes"])
+    x = [r["bucket_bytes"] / MB for r in rows]
+    fig.add_scatter(x=x, y=[r["seconds"] for r in rows], mode="lines+markers", name="sweep", row=1, col=1)
+    fig.add_scatter(x=x, y=[(r.get("peak_extra_bytes") or 0) / MB for r in rows], mode="lines+markers",
+                    name="peak extra", row=2, col=1)
+    if trials:
+        fig.add_scatter(x=[t["bucket_bytes"] / MB for t in trials], y=[t["seconds"] for t in trials],
+                        mode="markers", name="autotune trials", marker=dict(symbol="circle-open", size=12),
+                        row=1, col=1)
+    if chosen_bytes:
+        for r in (1, 2):
+            fig.add_vline(x=chosen_bytes / MB, line=dict(color="green", dash="dash"), row=r, col=1)
+        fig.add_annotation(x=_log10(chosen_bytes / MB), y=1, yref="y domain", text=f"chosen {fmt_bytes(chosen_bytes)}",
+                           showarrow=False, font=dict(color="green"), yanchor="bottom", row=1, col=1)
+    if budget_bytes:
+        fig.add_hline(y=budget_bytes / MB, line=dict(color="red", dash="dot"), row=2, col=1,
+                      annotation_text=f"memory budget {fmt_bytes(budget_bytes)}", annotation_position="top left")
+    fig.update_xaxes(type="log", title_text="bucket size (MiB)", row=2, col=1)
+    fig.update_xaxes(type="log", row=1, col=1)
+    fig.update_yaxes(title_text="seconds", row=1, col=1)
+    fig.update_yaxes(title_text="MiB", row=2, col=1)
+    fig.update_layout(title=title, height=560)
+    return fig
+
+
+def _log10(x: float) -> float:
+    import math
+
+    return math.log10(x)  # annotations on a log axis take log10 coordinates
+
+
+def curves(history: list[dict], keys: list[str] | None = None, x: str = "step", title: str = "Training") -> "go.Figure":
+    """One line per metric key over steps (train/RL history: a list of per-step dicts)."""
+    go = _go()
+    keys = keys or [k for k in (history[0] if history else {}) if k != x and _num(history[0][k])]
+    fig = go.Figure()
+    for k in keys:
+        pts = [(h.get(x, i), h[k]) for i, h in enumerate(history) if _num(h.get(k))]
+        fig.add_scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=k)
+    fig.update_layout(title=title, xaxis_title=x, yaxis_title="value")
+    return fig
+
+
+def _num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def acceptance(history: list[dict], title: str = "Draft acceptance") -> "go.Figure":
+    """Accept length per step per arm (left) and per-position acceptance rates at the last step (right).
+
+    history rows: {"arm", "step", "accept/length", "accept/rate_pos1", "accept/rate_pos2", ...}.
+    """
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("accept length over steps", "per-position rate (last step)"))
+    arms = list(dict.fromkeys(h["arm"] for h in history))
+    for i, arm in enumerate(arms):
+        rows = [h for h in history if h["arm"] == arm]
+        color = _color(i)
+        fig.add_scatter(x=[h["step"] for h in rows], y=[h["accept/length"] for h in rows], mode="lines+markers",
+                        name=arm, legendgroup=arm, line=dict(color=color), row=1, col=1)
+        last = rows[-1]
+        pos = sorted(int(k.rsplit("pos", 1)[1]) for k in last if k.startswith("accept/rate_pos"))
+        fig.add_bar(x=[f"pos {p}" for p in pos], y=[last[f"accept/rate_pos{p}"] for p in pos], name=arm,
+                    legendgroup=arm, showlegend=False, marker_color=color, row=1, col=2)
+    fig.update_xaxes(title_text="step", row=1, col=1)
+    fig.update_yaxes(title_text="tokens per target forward", row=1, col=1)
+    fig.update_yaxes(title_text="rate", range=[0, 1], row=1, col=2)
+    fig.update_layout(title=title, barmode="group")
+    return fig
+
+
+def _color(i: int) -> str:
+    import plotly.colors
+
+    pal = plotly.colors.qualitative.Plotly
+    return pal[i % len(pal)]
+
+
+def scatter_xy(x: list[float], y: list[float], names: list[str], title: str, x_title: str, y_title: str) -> "go.Figure":
+    """Paired values (e.g. trainer vs engine log-probs) grouped by `names`, with the y = x line."""
+    go = _go()
+    fig = go.Figure()
+    for name in dict.fromkeys(names):
+        idx = [i for i, n in enumerate(names) if n == name]
+        fig.add_scatter(x=[x[i] for i in idx], y=[y[i] for i in idx], mode="markers", name=name, opacity=0.7)
+    if x:
+        lo, hi = min(min(x), min(y)), max(max(x), max(y))
+        fig.add_scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="y = x", line=dict(color="gray", dash="dot"))
+    fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title)
+    return fig
+
+
+def sweep_summary(rows: list[dict], key: str, metrics: list[str], title: str | None = None) -> "go.Figure":
+    """One panel per metric against the swept parameter's values (labkit notebook sweep)."""
+    from plotly.subplots import make_subplots
+
+    metrics = metrics or ["notebook/seconds"]
+    fig = make_subplots(rows=len(metrics), cols=1, subplot_titles=metrics, shared_xaxes=True)
+    xs = [str(r.get(key)) for r in rows]
+    for i, k in enumerate(metrics, start=1):
+        fig.add_scatter(x=xs, y=[r.get(k) for r in rows], mode="lines+markers", name=k, row=i, col=1)
+    fig.update_xaxes(title_text=key, type="category", row=len(metrics), col=1)
+    fig.update_layout(title=title or f"sweep over {key}", height=220 + 200 * len(metrics), showlegend=False)
+    return fig
+
+
+def save(fig, path_without_ext: str | Path) -> dict:
+    """Write `<path>.html` always (plotly.js beside it, so it opens offline) and `<path>.png` when kaleido and a
+    Chromium it can drive are available. Returns {"html": path, "png": path or None, "png_skipped": reason}."""
+    base = Path(path_without_ext)
+    base.parent.mkdir(parents=True, exist_ok=True)
+    html = base.with_suffix(".html")
+    fig.write_html(html, include_plotlyjs="directory")
+    out = {"html": str(html), "png": None, "png_skipped": None}
+    try:
+        import kaleido  # noqa: F401
+    except ImportError:
+        out["png_skipped"] = "kaleido is not installed (pip install kaleido; it drives a local Chromium)"
+        return out
+    try:
+        fig.write_image(base.with_suffix(".png"))
+        out["png"] = str(base.with_suffix(".png"))
+    except Exception as e:  # kaleido present but no browser it can start: HTML is enough
+        out["png_skipped"] = f"kaleido could not render: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    return out

@@ -1,0 +1,50 @@
+"""ipywidgets controls for INTERACTIVE notebook sessions (JupyterLab). Headless runs never build them.
+
+Nothing heavy runs when a control moves: the slider has continuous_update=False and only the Run button
+starts a sync, so exploring the bucket size never queues a sync per slider tick.
+"""
+
+from __future__ import annotations
+
+
+def sync_explorer(wb, transports=("colocated", "distributed", "per-tensor"),
+                  sizes_mb=(0.0625, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 16.0, 64.0), value_mb: float = 1.0):
+    """Transport dropdown + bucket-size slider + Run button; each run adds a bar to a per-phase timing figure.
+
+    Returns the list that collects each run's metrics (it grows as the button is pressed).
+    """
+    import ipywidgets as W
+    from IPython.display import display
+
+    from labkit import viz
+    from labkit.sync.session import SyncConfig
+
+    sizes = sorted(sizes_mb)
+    value = min(sizes, key=lambda s: abs(s - value_mb))
+    transport = W.Dropdown(options=list(transports), description="transport")
+    bucket = W.SelectionSlider(options=[(f"{s:g} MiB", s) for s in sizes], value=value, description="bucket",
+                               continuous_update=False)
+    run = W.Button(description="Run sync", button_style="primary", icon="play")
+    status = W.HTML("press <b>Run sync</b>: trainer &rarr; engine with these settings, then verify")
+    out = W.Output()
+    runs: list[dict] = []
+
+    def on_run(_):
+        run.disabled = True
+        status.value = f"syncing ({transport.value}, {bucket.value:g} MiB)..."
+        try:
+            m = wb.sync(SyncConfig(transport=transport.value, bucket_mb=bucket.value, progress=False))
+            runs.append(m)
+            status.value = (f"verified={m['sync/verified']} &middot; total {m['timing/sync/total']:.3f} s &middot; "
+                            f"{m['sync/num_buckets']} buckets &middot; version {m['sync/weight_version']}")
+            out.clear_output(wait=True)
+            with out:
+                display(viz.sync_phases(runs, title="Sync time per phase (interactive runs)"))
+        except Exception as e:  # show the error next to the controls; the kernel and engine keep running
+            status.value = f"<span style='color:#c00'>{type(e).__name__}: {e}</span>"
+        finally:
+            run.disabled = False
+
+    run.on_click(on_run)
+    display(W.VBox([W.HBox([transport, bucket, run]), status, out]))
+    return runs
