@@ -17,6 +17,16 @@ from __future__ import annotations
 ARMS = {"joint": 0.1, "frozen_draft": 0.0}  # arm -> TrainConfig.mtp_loss_scale
 
 
+def mtp_available() -> bool:
+    """True once `labkit.mtp.experiment` (real speculative decoding) exists; notebook 03 then uses it."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("labkit.mtp.experiment") is not None
+    except ModuleNotFoundError:  # labkit.mtp itself is not there yet
+        return False
+
+
 def greedy_acceptance(logits, mtp_logits: list, mask) -> dict:
     """Chained greedy acceptance over positions whose drafted token is a counted (mask == 1) token.
 

@@ -75,3 +75,11 @@ def sync_measure(wb, transport: str = "colocated", repeats: int = 1, warmup: boo
                 "peak_extra_bytes": max(m["sync/peak_extra_bytes"] for m in runs)}
 
     return measure
+
+
+def side_by_side(before: dict, after: dict) -> list[dict]:
+    """Rows of two `rollout` results on the same prompts, for a before/after table."""
+    return [{"prompt": a["prompt"], "answer": a["answer"], "before": a["completion"], "after": b["completion"],
+             "reward before": a["reward"], "reward after": b["reward"],
+             "version": f"{a['weight_version']} -> {b['weight_version']}"}
+            for a, b in zip(before["rows"], after["rows"])]

@@ -25,8 +25,8 @@ def _jsonable(x):
     return str(x)
 
 
-def record(key_or_dict: str | dict, value=None) -> dict:
-    """Record one metric (`record("sync/verified", True)`) or many (`record(metrics_dict)`); returns all so far."""
+def record(key_or_dict: str | dict, value=None) -> None:
+    """Record one metric (`record("sync/verified", True)`) or many (`record(metrics_dict)`); `metrics()` reads them."""
     items = dict(key_or_dict) if isinstance(key_or_dict, dict) else {key_or_dict: value}
     # Round-trip through JSON now so a value that cannot be stored fails here, not at the end of a long run.
     _METRICS.update(json.loads(json.dumps(items, default=_jsonable)))
@@ -36,7 +36,6 @@ def record(key_or_dict: str | dict, value=None) -> dict:
         tmp = Path(path).with_suffix(".tmp")
         tmp.write_text(json.dumps(_METRICS, indent=1, sort_keys=True))
         os.replace(tmp, path)
-    return dict(_METRICS)
 
 
 def metrics() -> dict:
@@ -112,6 +111,23 @@ class Str:
         return "a string"
 
 
+@dataclass(frozen=True)
+class Subset:
+    """A comma-separated string of one or more allowed items, e.g. "joint,frozen_draft"."""
+
+    values: tuple
+
+    def __init__(self, *values):
+        object.__setattr__(self, "values", values)
+
+    def ok(self, v) -> bool:
+        items = v.split(",") if isinstance(v, str) else []
+        return bool(items) and all(x.strip() in self.values for x in items)
+
+    def __str__(self) -> str:
+        return "a comma-separated list of " + ", ".join(repr(c) for c in self.values)
+
+
 def _in(v, lo, hi) -> bool:
     return (lo is None or v >= lo) and (hi is None or v <= hi)
 
@@ -155,13 +171,12 @@ def check_params(params: dict, spec: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- figures
-def show(fig, name: str | None = None, interactive: bool = False):
+def show(fig, name: str | None = None, interactive: bool = False) -> None:
     """Display `fig`; save it under $LABKIT_OUT as `name` (HTML, PNG when possible) when a runner set one.
 
     Headless runs display the plain figure, which papermill stores as `application/vnd.plotly.v1+json`.
     Interactive sessions get a FigureWidget when anywidget is installed (plotly >= 6 needs it), else the
-    same plain figure, which JupyterLab renders interactively too. Returns a display handle: `h.update(fig)`
-    redraws in place.
+    same plain figure, which JupyterLab renders interactively too.
     """
     from IPython.display import display
 
@@ -179,4 +194,4 @@ def show(fig, name: str | None = None, interactive: bool = False):
             shown = go.FigureWidget(fig)
         except ImportError:
             pass
-    return display(shown, display_id=True)
+    display(shown)

@@ -143,17 +143,22 @@ def _color(i: int) -> str:
     return pal[i % len(pal)]
 
 
-def scatter_xy(x: list[float], y: list[float], names: list[str], title: str, x_title: str, y_title: str) -> "go.Figure":
-    """Paired values (e.g. trainer vs engine log-probs) grouped by `names`, with the y = x line."""
+def logprob_agreement(groups: dict, title: str = "Log-prob agreement: trainer vs engine") -> "go.Figure":
+    """Per-token log-probs, trainer (x) vs engine (y), one marker group per situation, with the y = x line.
+
+    groups: {label: {"trainer": [...], "engine": [...]}} as returned by experiments.logprob_agreement.
+    """
     go = _go()
     fig = go.Figure()
-    for name in dict.fromkeys(names):
-        idx = [i for i, n in enumerate(names) if n == name]
-        fig.add_scatter(x=[x[i] for i in idx], y=[y[i] for i in idx], mode="markers", name=name, opacity=0.7)
-    if x:
-        lo, hi = min(min(x), min(y)), max(max(x), max(y))
+    xs, ys = [], []
+    for label, g in groups.items():
+        fig.add_scatter(x=g["trainer"], y=g["engine"], mode="markers", name=label, opacity=0.7)
+        xs += list(g["trainer"])
+        ys += list(g["engine"])
+    if xs:
+        lo, hi = min(min(xs), min(ys)), max(max(xs), max(ys))
         fig.add_scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="y = x", line=dict(color="gray", dash="dot"))
-    fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title)
+    fig.update_layout(title=title, xaxis_title="trainer log-prob", yaxis_title="engine log-prob")
     return fig
 
 

@@ -1,0 +1,55 @@
+"""`labkit bench sync` and `labkit tune`: real runs on a small model; the JSON contract is what is checked
+(the speed targets live in the benchmark's own output, never in assertions)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+BENCH_KEYS = ["bench/speedup_bucketed_vs_per_tensor", "bench/colocated_gbps", "bench/distributed_gbps",
+              "bench/memcpy_gbps", "bench/colocated_vs_memcpy", "bench/distributed_vs_memcpy",
+              "bench/peak_extra_bytes", "bench/bucket_bytes", "bench/largest_tensor_bytes", "bench/model_bytes"]
+TUNE_KEYS = ["tune/best_bucket_bytes", "tune/best_seconds", "tune/trials", "tune/sweep_best_bucket_bytes",
+             "tune/sweep_best_seconds", "tune/curve"]
+
+
+def _labkit(*args, timeout=600):
+    p = subprocess.run([sys.executable, "-m", "labkit.cli", *args], capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout.strip().splitlines(), p.stderr
+
+
+def test_bench_sync_cli_prints_the_metric_keys():
+    rc, out, err = _labkit("bench", "sync", "--quick", "--reps", "1", "--bucket-mb", "4", "--json")
+    assert rc == 0, err[-3000:]
+    m = json.loads(out[-1])
+    for k in BENCH_KEYS:
+        assert k in m, k
+    assert m["bench/verified"] is True
+    assert m["bench/model_bytes"] > 10 * m["bench/largest_tensor_bytes"] > 0
+    assert m["bench/speedup_bucketed_vs_per_tensor"] > 1.0  # measured, not asserted against the 20x target
+    assert m["bench/peak_extra_bytes"] <= 2 * m["bench/bucket_bytes"] + 2 * m["bench/largest_tensor_bytes"]
+
+
+def test_tune_cli_sweeps_under_budget_and_autotunes():
+    rc, out, err = _labkit("tune", "--quick", "--lo-mb", "0.5", "--hi-mb", "8", "--memory-budget-mb", "16",
+                           "--max-trials", "3", "--json")
+    assert rc == 0, err[-3000:]
+    m = json.loads(out[-1])
+    for k in TUNE_KEYS:
+        assert k in m, k
+    sizes = [c["bucket_bytes"] for c in m["tune/curve"]]
+    assert sizes == sorted(sizes) and max(sizes) * 2 <= 16 << 20 and len(sizes) == 5
+    assert m["tune/trials"] <= 3 and m["tune/best_bucket_bytes"] in sizes
+
+
+@pytest.mark.parametrize("args,match", [
+    (["sync", "--bucket-mb", "0"], "bucket_mb='0'"), (["sync", "--bucket-mb", "abc"], "bucket_mb='abc'"),
+    (["sync", "--bucket-mb", "-1"], "bucket_mb='-1'"), (["sync", "--transport", "pigeon"], "transport='pigeon'"),
+    (["sync", "--bucket-mb", "64", "--memory-budget-mb", "100"], "bucket_mb=64"),
+])
+def test_bad_cli_flags_fail_before_anything_starts(args, match):
+    rc, out, err = _labkit(*args, timeout=60)
+    assert rc != 0 and match in err, err[-2000:]
