@@ -19,7 +19,11 @@ _NAME = re.compile(r"^(?P<prefix>.*)\.(?P<part>q_proj|k_proj|v_proj|gate_proj|up
 
 
 def tensor_checksum(t: torch.Tensor) -> str:
-    """SGLang's tensor_hash for one CPU tensor, as the weight checker prints it."""
+    """SGLang's tensor_hash for one tensor, as the weight checker prints it."""
+    if t.is_cuda:  # SGLang hashes device tensors with its own kernel, not sha256 (untested here: no GPU)
+        from sglang.srt.managers.mm_utils import tensor_hash
+
+        return f"{tensor_hash(t.contiguous()):016x}"
     t = t.detach().cpu().contiguous()
     digest = hashlib.sha256(memoryview(t.reshape(-1).view(torch.uint8).numpy())).digest()[:8]
     return f"{int.from_bytes(digest, 'big'):016x}"
@@ -71,7 +75,7 @@ class Expected:
                 self.checksums[key] = tensor_checksum(torch.cat([parts[i] for i in sorted(parts)], dim=0))
                 del self._parts[key]
             else:
-                parts[idx] = t.detach().cpu().clone()
+                parts[idx] = t.detach().clone()
 
     def finish(self) -> dict[str, str]:
         for key, parts in self._parts.items():  # an incomplete group can only mismatch: report it as such
