@@ -1,6 +1,5 @@
 """A real SGLang 0.5.23 engine on CPU: in a Ray actor (session fixture `engine`) and over HTTP."""
 
-import os
 import time
 
 import pytest
@@ -9,31 +8,13 @@ from safetensors.torch import load_file
 
 from labkit.engine import EngineConfig, EngineError, EngineHandle, EngineUnreachable, Unsupported
 from labkit.models import tokenizer
+from tests.integration.conftest import engine_config, live, shm_leftovers
 
 pytestmark = pytest.mark.integration
 
 PROMPTS = ["hello world", "1+2=", "The quick brown fox", "#include <stdio.h>"]
 UPDATED = ["model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.up_proj.weight", "model.norm.weight"]
 GREEDY = {"temperature": 0.0, "max_new_tokens": 12}
-
-
-def engine_config(model_dir, **kw):  # as conftest's engine fixture: fp32, a tiny KV cache
-    return EngineConfig(model_dir=str(model_dir), dtype="float32", mem_fraction_static=0.05,
-                        max_total_tokens=2048, random_seed=0, **kw)
-
-
-def shm_leftovers(pids=()) -> list[str]:
-    from labkit.compat import sglang as compat
-
-    held, torch_files = compat._held_paths(), tuple(f"torch_{p}_" for p in (os.getpid(), *pids))
-    return sorted(str(f) for f in compat.SHM_DIR.iterdir()
-                  if f.name.startswith(compat.SHM_PREFIXES + torch_files) and str(f) not in held)
-
-
-def live(pids) -> list[int]:
-    import psutil
-
-    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
 def _weights(model_dir):

@@ -2,7 +2,6 @@
 bad input fails before a byte moves and leaves the engine serving what it served."""
 
 import pytest
-import torch
 
 from labkit.config import ParallelSpec, TrainConfig
 from labkit.sync import SyncConfig, engine_spec, sync
