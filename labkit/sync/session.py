@@ -34,6 +34,7 @@ class SyncConfig:
     selector: str = "all"  # SGLang selector: target, draft or all (MTP draft weights ride along)
     overlap: bool = True
     progress: bool = True
+    release_kv_cache: bool | None = None  # None: on where CUDA is present (SGLang cannot release on CPU)
 
     def __post_init__(self) -> None:
         check(self.transport in TRANSPORTS, "transport", self.transport, f"one of {', '.join(TRANSPORTS)}")
@@ -107,7 +108,10 @@ class Syncer:
         peak = extra
 
         version = weight_version or f"v{self.version + 1}"
+        release = torch.cuda.is_available() if cfg.release_kv_cache is None else cfg.release_kv_cache
         t_s = time.perf_counter()
+        if release:  # free the KV cache while weights are in flight (slime/verl choreography)
+            engine.release_memory(["kv_cache"])
         engine.begin_weight_update(selector=cfg.selector)
         phases["session"] += time.perf_counter() - t_s
         pool = ThreadPoolExecutor(1, thread_name_prefix="labkit-sync")
@@ -157,11 +161,15 @@ class Syncer:
             finally:
                 pool.shutdown(wait=False)
                 engine.end_weight_update()
+                if release:
+                    engine.resume_memory(["kv_cache"])
             raise
         t_s = time.perf_counter()
         transport.close(engine)
         pool.shutdown(wait=True)
         engine.end_weight_update()
+        if release:
+            engine.resume_memory(["kv_cache"])
         engine.set_weight_version(version)
         phases["session"] += time.perf_counter() - t_s
         self.version += 1
