@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.labkit-installed
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean chromium
 
 install: $(STAMP)
 
@@ -19,10 +19,15 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -c "import torch, sys; v = torch.__version__.split('+')[0]; sys.exit(0 if v == '2.14.1' else f'torch {v} installed; expected 2.14.1')"
 	touch $(STAMP)
 
+# Headless Chromium (Debian's package) for the real-browser notebook test; it skips with the reason without it.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && { apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; }; } || echo "chromium not installed: the browser test will skip (Debian: apt-get install -y chromium)"
+
 demo: $(STAMP)
 	$(VENV)/bin/labkit demo
+	$(VENV)/bin/labkit notebook run 01_weight_update
 
-test: $(STAMP)
+test: $(STAMP) chromium
 	$(PY) -m pytest -q
 
 clean:

@@ -151,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true")
     d.set_defaults(fn=cmd_tune)
 
+    sub.add_parser("notebook", add_help=False,
+                   help="notebooks headless (papermill): run NAME [-p KEY VALUE]... | sweep NAME -p KEY v1,v2,... | list | check")
+
     d = sub.add_parser("pretrain", help="rebuild the shipped tiny MiMo checkpoint (data/tiny-mimo)")
     d.add_argument("--out", default=None)
     d.add_argument("--steps", type=int, default=400)
@@ -160,6 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["notebook"]:  # its own parser: run/sweep/list/check with repeated -p KEY VALUE
+        from labkit import notebook
+
+        return notebook.main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)

@@ -19,7 +19,7 @@ import os
 import re
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
@@ -75,7 +75,7 @@ def _env(**kv):
 
 
 def _new_dir(root: Path, stem: str) -> Path:
-    t = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    t = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     base = root / f"{t}-{stem}"
     out, i = base, 1
     while out.exists():
@@ -86,7 +86,7 @@ def _new_dir(root: Path, stem: str) -> Path:
 
 
 def run(name: str, params: dict | None = None, out_root: str | Path = "runs", tag: str | None = None,
-        timeout: int | None = 1800, log_output: bool = False) -> dict:
+        timeout: int | None = 1800, log_output: bool = False, progress: bool = False) -> dict:
     """Execute notebooks/<name>.ipynb headless into <out_root>/<UTC time>-<name>/ and return its recorded metrics.
 
     Raises NotebookError (with the failing cell's message, e.g. the parameter check) when a cell raises.
@@ -103,7 +103,7 @@ def run(name: str, params: dict | None = None, out_root: str | Path = "runs", ta
     try:
         with _env(**env):
             pm.execute_notebook(str(src), str(out_nb), parameters=params, kernel_name="python3", cwd=str(out_dir),
-                                progress_bar=False, log_output=log_output, execution_timeout=timeout)
+                                progress_bar=progress, log_output=log_output, execution_timeout=timeout)
     except pm.PapermillExecutionError as e:
         tags = _failed_cell_tags(out_nb)
         where = f"the {tags[0]} cell" if tags else f"cell In [{e.exec_count}]"
@@ -133,7 +133,7 @@ def _failed_cell_tags(path: Path) -> tuple:
 
     try:
         nb = nbformat.read(path, as_version=4)
-    except Exception:
+    except (OSError, ValueError):  # no notebook written (the kernel never started): no tags to report
         return ()
     for c in nb.cells:
         if c.cell_type == "code" and any(o.get("output_type") == "error" for o in c.get("outputs", [])):
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         params = {k: parse_value(v) for k, v in args.param}
         if args.action == "run":
-            m = run(args.name, params, out_root=args.out_root, timeout=args.timeout)
+            m = run(args.name, params, out_root=args.out_root, timeout=args.timeout, progress=not args.json)
             _emit(m, args.json)
             if not args.json:
                 print(f"\noutputs: {m['notebook/out_dir']}")

@@ -7,6 +7,10 @@ acceptance history), so notebooks, the CLI and sweeps draw the same pictures.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # plotly is imported lazily: `import labkit.viz` stays cheap
+    import plotly.graph_objects as go
 
 MB = 1 << 20
 PHASES = ("gather", "pack", "transfer", "load", "verify", "session")
@@ -18,7 +22,7 @@ def _go():
     return go
 
 
-def sync_phases(runs: list[dict], labels: list[str] | None = None, title: str = "Sync time per phase") -> "go.Figure":
+def sync_phases(runs: list[dict], labels: list[str] | None = None, title: str = "Sync time per phase") -> go.Figure:
     """Stacked per-phase seconds, one bar per sync (per transport or per bucket size), wall total as a marker.
 
     Phases overlap (the next bucket is packed while this one loads), so the stack can exceed the wall total.
@@ -32,7 +36,7 @@ def sync_phases(runs: list[dict], labels: list[str] | None = None, title: str = 
         fig.add_bar(name=ph, x=labels, y=ys, customdata=per_bucket,
                     hovertemplate=f"{ph}: %{{y:.4f}} s (%{{customdata:.3f}} ms per bucket)<extra></extra>")
     fig.add_scatter(name="wall total", x=labels, y=[m.get("timing/sync/total") for m in runs], mode="markers",
-                    marker=dict(symbol="line-ew-open", size=28, line=dict(width=3, color="black")))
+                    marker=dict(symbol="line-ew-open", size=28, color="black", line=dict(width=3, color="black")))
     fig.update_layout(barmode="stack", title=title, yaxis_title="seconds", legend_title="phase")
     return fig
 
@@ -54,7 +58,7 @@ def fmt_bytes(n: float | None) -> str:
 
 
 def bucket_sweep(curve: list[dict], chosen_bytes: int | None = None, budget_bytes: int | None = None,
-                 trials: list[dict] | None = None, title: str = "Bucket size: sync time and memory") -> "go.Figure":
+                 trials: list[dict] | None = None, title: str = "Bucket size: sync time and memory") -> go.Figure:
     """Time and peak extra memory vs bucket size (log x); the chosen bucket and the memory budget marked.
 
     `curve` rows: {"bucket_bytes", "seconds", "peak_extra_bytes"} (tune.sweep); `trials` (autotune) are
@@ -95,7 +99,7 @@ def _log10(x: float) -> float:
     return math.log10(x)  # annotations on a log axis take log10 coordinates
 
 
-def curves(history: list[dict], keys: list[str] | None = None, x: str = "step", title: str = "Training") -> "go.Figure":
+def curves(history: list[dict], keys: list[str] | None = None, x: str = "step", title: str = "Training") -> go.Figure:
     """One line per metric key over steps (train/RL history: a list of per-step dicts)."""
     go = _go()
     keys = keys or [k for k in (history[0] if history else {}) if k != x and _num(history[0][k])]
@@ -111,7 +115,7 @@ def _num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def acceptance(history: list[dict], title: str = "Draft acceptance") -> "go.Figure":
+def acceptance(history: list[dict], title: str = "Draft acceptance") -> go.Figure:
     """Accept length per step per arm (left) and per-position acceptance rates at the last step (right).
 
     history rows: {"arm", "step", "accept/length", "accept/rate_pos1", "accept/rate_pos2", ...}.
@@ -143,7 +147,7 @@ def _color(i: int) -> str:
     return pal[i % len(pal)]
 
 
-def logprob_agreement(groups: dict, title: str = "Log-prob agreement: trainer vs engine") -> "go.Figure":
+def logprob_agreement(groups: dict, title: str = "Log-prob agreement: trainer vs engine") -> go.Figure:
     """Per-token log-probs, trainer (x) vs engine (y), one marker group per situation, with the y = x line.
 
     groups: {label: {"trainer": [...], "engine": [...]}} as returned by experiments.logprob_agreement.
@@ -162,7 +166,7 @@ def logprob_agreement(groups: dict, title: str = "Log-prob agreement: trainer vs
     return fig
 
 
-def sweep_summary(rows: list[dict], key: str, metrics: list[str], title: str | None = None) -> "go.Figure":
+def sweep_summary(rows: list[dict], key: str, metrics: list[str], title: str | None = None) -> go.Figure:
     """One panel per metric against the swept parameter's values (labkit notebook sweep)."""
     from plotly.subplots import make_subplots
 

@@ -6,12 +6,15 @@ starts a sync, so exploring the bucket size never queues a sync per slider tick.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 
 def sync_explorer(wb, transports=("colocated", "distributed", "per-tensor"),
                   sizes_mb=(0.0625, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 16.0, 64.0), value_mb: float = 1.0):
     """Transport dropdown + bucket-size slider + Run button; each run adds a bar to a per-phase timing figure.
 
-    Returns the list that collects each run's metrics (it grows as the button is pressed).
+    Returns a namespace: `runs` (each run's metrics, growing as the button is pressed), the controls
+    (`transport`, `bucket`, `button`, `status`) and `ui`, the box on screen.
     """
     import ipywidgets as W
     from IPython.display import display
@@ -46,5 +49,6 @@ def sync_explorer(wb, transports=("colocated", "distributed", "per-tensor"),
             run.disabled = False
 
     run.on_click(on_run)
-    display(W.VBox([W.HBox([transport, bucket, run]), status, out]))
-    return runs
+    ui = W.VBox([W.HBox([transport, bucket, run]), status, out])
+    display(ui)
+    return SimpleNamespace(ui=ui, runs=runs, transport=transport, bucket=bucket, button=run, status=status)

@@ -168,6 +168,9 @@ class Syncer:
         transport.close(engine)
         pool.shutdown(wait=True)
         engine.end_weight_update()
+        # Buckets load with flush_cache=False; drop the prefix cache once, or prompts sharing a prefix with an
+        # earlier request reuse KV computed by the old weights (log-prob gap ~0.8 seen on the arithmetic task).
+        engine.flush_cache()
         if release:
             engine.resume_memory(["kv_cache"])
         engine.set_weight_version(version)

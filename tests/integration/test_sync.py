@@ -115,3 +115,18 @@ def test_sync_into_an_http_server(trainer, engine_model_dir):
             assert m["sync/verified"] is True, m
             assert http.weight_version == m["sync/weight_version"]
         assert _greedy_matches(trainer, http)
+
+
+def test_engine_serves_the_new_weights_not_stale_prefix_cache(trainer, engine):
+    """Log-probs after a sync equal the trainer's, also for prompts whose prefix the engine cached before it."""
+    from types import SimpleNamespace
+
+    from labkit.experiments import logprob_agreement, rollout
+
+    wb = SimpleNamespace(trainer=trainer, engine=engine)
+    rollout(wb, n=6, seed=3)  # fills the prefix cache under the old weights
+    _train(trainer, steps=2, seed=300)
+    sync(trainer, engine, SyncConfig(transport="colocated", progress=False))
+    after = rollout(wb, n=6, seed=3)
+    agree = logprob_agreement(wb, after["rows"])
+    assert agree["max_abs_diff"] < 1e-4, agree["max_abs_diff"]

@@ -1,0 +1,78 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 · Weight update: trainer → engine
+#
+# Build the workbench (a Megatron-core trainer and an SGLang engine as Ray actors), train a few steps so the
+# trainer's weights move away from the engine's, push them with the chosen transport and bucket size, verify
+# the engine now holds exactly the trainer's weights, and look at where the time went, phase by phase.
+#
+# Headless: `labkit notebook run 01_weight_update -p TRANSPORT distributed -p BUCKET_MB 0.25`.
+
+# %%
+from labkit import nb
+
+nb.env_report();
+
+# %% tags=["parameters"]
+STEPS = 3  # training steps before the sync
+TRANSPORT = "colocated"  # per-tensor | colocated | distributed
+BUCKET_MB = 1.0  # bucket size in MiB (ignored by per-tensor)
+VERIFY = "checksum"  # checksum | full | none
+BASELINE = True  # also sync per-tensor first, to compare against
+INTERACTIVE = False  # True in JupyterLab: transport/bucket controls and a Run button
+
+# %% tags=["validate"]
+nb.check_params(globals(), {
+    "STEPS": nb.Int(0, 200), "TRANSPORT": nb.Choice("per-tensor", "colocated", "distributed"),
+    "BUCKET_MB": nb.Float(0.001, 1024), "VERIFY": nb.Choice("checksum", "full", "none"),
+    "BASELINE": nb.Bool(), "INTERACTIVE": nb.Bool()});
+
+# %%
+from labkit import viz
+from labkit.sync import SyncConfig
+from labkit.workbench import Workbench
+
+wb = Workbench()
+nb.record(wb.timings)
+
+# %%
+history = wb.train(STEPS)
+nb.record({"train/loss": history[-1]["train/loss"], "mtp/loss": history[-1]["mtp/loss"]} if history else {})
+
+# %%
+baseline = wb.sync(SyncConfig(transport="per-tensor", verify=VERIFY)) if BASELINE else None
+nb.record({"baseline/timing/sync/total": baseline["timing/sync/total"]} if baseline else {})
+
+# %%
+m = wb.sync(SyncConfig(transport=TRANSPORT, bucket_mb=BUCKET_MB, verify=VERIFY))
+nb.record(m)
+print(f"verified={m['sync/verified']}  version={m['sync/weight_version']}  {m['sync/num_buckets']} buckets  "
+      f"{m['sync/bytes'] / 2**20:.2f} MiB in {m['timing/sync/total']:.3f} s")
+
+# %%
+greedy = wb.compare_greedy()
+nb.record({k: v for k, v in greedy.items() if k != "rollout/samples"})
+greedy["rollout/samples"][:3]
+
+# %%
+nb.show(viz.sync_phases([x for x in (baseline, m) if x]), name="sync_phases", interactive=INTERACTIVE)
+
+# %%
+if INTERACTIVE:
+    from labkit.widgets import sync_explorer
+
+    explorer = sync_explorer(wb, value_mb=BUCKET_MB)
+
+# %%
+if not INTERACTIVE:  # interactive sessions keep the workbench for the controls above
+    from labkit.cluster import runtime
+
+    wb.close()
+    runtime.shutdown()

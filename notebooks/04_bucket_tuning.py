@@ -1,0 +1,93 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 04 · Bucket size: sweep and autotune
+#
+# Sync time against bucket size is U-shaped on a log axis: tiny buckets pay per-call overhead, big ones lose
+# the pack/load overlap and cost memory (two buckets are in flight, so the budget admits buckets up to half
+# of it). We sweep log-spaced sizes under the memory budget with real syncs, let the autotuner (a discrete
+# golden-section search) pick one in a few trials, then sync once more at the chosen size and verify it.
+
+# %%
+from labkit import nb
+
+nb.env_report();
+
+# %% tags=["parameters"]
+TRANSPORT = "colocated"  # colocated | distributed (per-tensor has no buckets)
+MIN_MB = 0.03125  # smallest bucket (MiB)
+MAX_MB = 4.0  # largest bucket (MiB)
+MEMORY_BUDGET_MB = 4.0  # refuse buckets whose double-buffered footprint exceeds this
+PER_OCTAVE = 1  # sizes per doubling
+REPEATS = 2  # syncs per measurement (median)
+MAX_TRIALS = 4  # autotune budget
+STEPS = 1  # training steps first, so every sync moves real, changed weights
+INTERACTIVE = False
+
+# %% tags=["validate"]
+nb.check_params(globals(), {
+    "TRANSPORT": nb.Choice("colocated", "distributed"), "MIN_MB": nb.Float(0.001, 1024),
+    "MAX_MB": nb.Float(0.001, 4096), "MEMORY_BUDGET_MB": nb.Float(0.002, 65536), "PER_OCTAVE": nb.Int(1, 4),
+    "REPEATS": nb.Int(1, 20), "MAX_TRIALS": nb.Int(1, 32), "STEPS": nb.Int(0, 100), "INTERACTIVE": nb.Bool()});
+if MIN_MB > MAX_MB:
+    raise ValueError(f"MIN_MB={MIN_MB!r} is invalid: expected <= MAX_MB={MAX_MB!r}")
+
+# %%
+from labkit import experiments as ex
+from labkit import viz
+from labkit.sync import SyncConfig, tune
+from labkit.workbench import Workbench
+
+MB = 2**20
+sizes = tune.candidates(int(MIN_MB * MB), int(MAX_MB * MB), int(MEMORY_BUDGET_MB * MB), per_octave=PER_OCTAVE)
+print(len(sizes), "sizes:", [viz.fmt_bytes(s) for s in sizes])
+
+# %%
+wb = Workbench()
+wb.train(STEPS)
+nb.record(wb.timings)
+
+# %%
+phases = []
+measure = ex.sync_measure(wb, TRANSPORT, repeats=REPEATS, memory_budget_mb=MEMORY_BUDGET_MB, keep=phases)
+curve = tune.sweep(measure, sizes)
+
+# %%
+best = tune.autotune(ex.sync_measure(wb, TRANSPORT, repeats=REPEATS, memory_budget_mb=MEMORY_BUDGET_MB), sizes,
+                     max_trials=MAX_TRIALS)
+nb.record({"tune/best_bucket_bytes": best["best_bucket_bytes"], "tune/best_seconds": best["best_seconds"],
+           "tune/trials": len(best["trials"]), "tune/sizes": len(sizes), "tune/curve": curve})
+
+# %%
+nb.show(viz.bucket_sweep(curve, best["best_bucket_bytes"], int(MEMORY_BUDGET_MB * MB), best["trials"],
+                         title=f"Bucket size ({TRANSPORT}): sync time and memory"), name="bucket_sweep",
+        interactive=INTERACTIVE)
+
+# %%
+nb.show(viz.sync_phases(phases, title="Per-phase time per bucket size"), name="sync_phases_by_bucket",
+        interactive=INTERACTIVE)
+
+# %%
+final = wb.sync(SyncConfig(transport=TRANSPORT, bucket_mb=best["best_bucket_bytes"] / MB,
+                           memory_budget_mb=MEMORY_BUDGET_MB))
+nb.record(final)
+
+# %%
+if INTERACTIVE:
+    from labkit.widgets import sync_explorer
+
+    explorer = sync_explorer(wb, transports=("colocated", "distributed", "per-tensor"),
+                             sizes_mb=[s / MB for s in sizes], value_mb=best["best_bucket_bytes"] / MB)
+
+# %%
+if not INTERACTIVE:  # interactive sessions keep the workbench for the controls above
+    from labkit.cluster import runtime
+
+    wb.close()
+    runtime.shutdown()

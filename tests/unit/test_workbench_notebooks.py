@@ -1,0 +1,179 @@
+"""The notebook workbench without a kernel: pairing/stripping, notebook structure, parameter validation,
+metric recording, figures, and the run/sweep CLI plumbing (papermill replaced by a fake)."""
+
+import ast
+import csv
+import json
+import shutil
+
+import nbformat
+import pytest
+
+from labkit import nb, notebook, viz
+
+NAMES = notebook.names()
+
+
+def test_four_notebooks_are_paired_and_stripped():
+    assert NAMES == ["01_weight_update", "02_rollout", "03_acceptance_rate", "04_bucket_tuning"]
+    assert notebook.check_pairs() == []
+
+
+def test_check_pairs_catches_outputs_and_drift(tmp_path):
+    for ext in ("ipynb", "py"):
+        shutil.copy(notebook.NOTEBOOKS / f"01_weight_update.{ext}", tmp_path)
+    book = nbformat.read(tmp_path / "01_weight_update.ipynb", as_version=4)
+    code = next(c for c in book.cells if c.cell_type == "code")
+    code.outputs = [nbformat.v4.new_output("stream", text="hi")]
+    book.cells[0].source += "\nedited only in the ipynb"
+    nbformat.write(book, tmp_path / "01_weight_update.ipynb")
+    (tmp_path / "orphan.py").write_text("# %%\n1\n")
+    problems = "\n".join(notebook.check_pairs(tmp_path))
+    assert "has outputs" in problems and "differ from cell 0" in problems and "orphan.py: no paired" in problems
+
+
+def _code_cells(name):
+    return [c for c in nbformat.read(notebook.NOTEBOOKS / f"{name}.ipynb", as_version=4).cells if c.cell_type == "code"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_shape_env_report_literal_parameters_then_validation(name):
+    cells = _code_cells(name)
+    assert "nb.env_report()" in cells[0].source
+    tagged = [i for i, c in enumerate(cells) if "parameters" in c.metadata.get("tags", [])]
+    assert tagged == [1], "exactly one parameters cell, right after the environment report"
+    params = {}
+    for stmt in ast.parse(cells[1].source).body:  # plain literals only: papermill does not re-derive values
+        assert isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+        params[stmt.targets[0].id] = ast.literal_eval(stmt.value)
+    assert params["INTERACTIVE"] is False
+    assert cells[2].metadata.get("tags") == ["validate"] and "nb.check_params(globals()" in cells[2].source
+    call = next(n for n in ast.walk(ast.parse(cells[2].source)) if isinstance(n, ast.Call)
+                and getattr(n.func, "attr", "") == "check_params")
+    assert [k.value for k in call.args[1].keys] == list(params), "the spec must cover exactly the parameters"
+    import papermill as pm
+
+    assert set(pm.inspect_notebook(str(notebook.NOTEBOOKS / f"{name}.ipynb"))) == set(params)
+
+
+def test_check_params_messages():
+    spec = {"STEPS": nb.Int(0, 10), "MODE": nb.Choice("a", "b"), "MB": nb.Float(0.001, 64), "ON": nb.Bool(),
+            "ARMS": nb.Subset("joint", "frozen_draft")}
+    ok = {"STEPS": 3, "MODE": "a", "MB": 1, "ON": False, "ARMS": "joint,frozen_draft", "nb": nb, "In": [], "_": 1}
+    assert nb.check_params(ok, spec) == {"STEPS": 3, "MODE": "a", "MB": 1, "ON": False, "ARMS": "joint,frozen_draft"}
+    bad = {"steps": "unknown parameter 'steps' (did you mean 'STEPS'?)",
+           "STEPS": "STEPS='3' is invalid: expected an integer in [0, 10]",
+           "MODE": "MODE='c' is invalid: expected one of 'a', 'b'",
+           "MB": "MB=True is invalid: expected a number in [0.001, 64]",
+           "ARMS": "ARMS='joint,x' is invalid: expected a comma-separated list of 'joint', 'frozen_draft'"}
+    values = {"steps": 3, "STEPS": "3", "MODE": "c", "MB": True, "ARMS": "joint,x"}
+    for key, message in bad.items():
+        with pytest.raises(ValueError) as e:
+            nb.check_params({**ok, key: values[key]}, spec)
+        assert str(e.value).startswith(message)
+    with pytest.raises(ValueError, match="parameter 'ON' is missing"):
+        nb.check_params({k: v for k, v in ok.items() if k != "ON"}, spec)
+
+
+def test_record_merges_into_the_metrics_file(tmp_path, monkeypatch):
+    import numpy as np
+
+    path = tmp_path / "metrics.json"
+    monkeypatch.setenv("LABKIT_METRICS", str(path))
+    monkeypatch.setattr(nb, "_METRICS", {})
+    nb.record("sync/verified", True)
+    nb.record({"sync/gbps": np.float32(0.5), "tune/curve": [{"bucket_bytes": 1}]})
+    assert json.loads(path.read_text()) == nb.metrics() == {"sync/verified": True, "sync/gbps": 0.5,
+                                                             "tune/curve": [{"bucket_bytes": 1}]}
+
+
+def _sync_metrics(transport="colocated", bucket=1 << 20):
+    m = {f"timing/sync/{p}": 0.01 * (i + 1) for i, p in enumerate(viz.PHASES)}
+    m.update({"timing/sync/total": 0.15, "sync/transport": transport, "sync/bucket_bytes": bucket,
+              "sync/num_buckets": 3})
+    return m
+
+
+def test_figures_build_and_save(tmp_path):
+    figs = {
+        "phases": viz.sync_phases([_sync_metrics("per-tensor", 1), _sync_metrics()]),
+        "sweep": viz.bucket_sweep([{"bucket_bytes": 1 << k, "seconds": 1.0 / k, "peak_extra_bytes": 2 << k}
+                                   for k in range(16, 22)], 1 << 19, 4 << 20,
+                                  trials=[{"bucket_bytes": 1 << 19, "seconds": 0.05}]),
+        "curves": viz.curves([{"step": i, "train/loss": 1.0 / (i + 1), "mtp/loss": 2.0} for i in range(3)]),
+        "accept": viz.acceptance([{"arm": a, "step": s, "accept/length": 1.5, "accept/rate_pos1": 0.5}
+                                  for a in ("joint", "frozen_draft") for s in range(3)]),
+        "logprobs": viz.logprob_agreement({"synced": {"trainer": [-0.1, -2.0], "engine": [-0.1, -2.0]}}),
+        "summary": viz.sweep_summary([{"X": 1, "t": 0.2}, {"X": 2, "t": 0.1}], "X", ["t"]),
+    }
+    assert len(figs["phases"].data) == len(viz.PHASES) + 1
+    assert sum(s.type == "line" for s in figs["sweep"].layout.shapes) == 3  # chosen bucket / budget lines
+    for name, fig in figs.items():
+        out = viz.save(fig, tmp_path / name)
+        assert (tmp_path / f"{name}.html").exists()
+        assert out["png"] or out["png_skipped"]
+    assert (tmp_path / "plotly.min.js").exists()  # HTML opens offline
+
+
+def test_resolve_and_parse_value():
+    assert notebook.resolve("01").name == notebook.resolve("weight_update").name == "01_weight_update.ipynb"
+    with pytest.raises(ValueError, match="unknown"):
+        notebook.resolve("99")
+    assert [notebook.parse_value(x) for x in ("3", "0.5", "False", "colocated", "'x'")] == [3, 0.5, False,
+                                                                                           "colocated", "x"]
+
+
+def _fake_run(name, params, out_root="runs", tag=None, **kw):
+    out = notebook._new_dir(__import__("pathlib").Path(out_root), f"{name}-{tag}")
+    if params["BUCKET_MB"] < 0:
+        raise notebook.NotebookError("bad", ename="ValueError", evalue="BUCKET_MB=-1 is invalid", out_dir=str(out))
+    return {"timing/sync/total": 1.0 / params["BUCKET_MB"], "sync/verified": True, "notebook/seconds": 1.0,
+            "notebook/out_dir": str(out), "sync/peak_extra_bytes": 1, "tune/curve": [1, 2]}
+
+
+def test_sweep_writes_summary_table_and_figure(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(notebook, "run", _fake_run)
+    rc = notebook.main(["sweep", "01", "-p", "BUCKET_MB", "0.5,1,-1", "-p", "STEPS", "1",
+                        "--out-root", str(tmp_path), "--json"])
+    assert rc == 1  # one value failed; the others still ran
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    with open(res["sweep/summary_csv"]) as f:
+        rows = list(csv.DictReader(f))
+    assert [r["BUCKET_MB"] for r in rows] == ["0.5", "1", "-1"] and [r["status"] for r in rows] == ["ok", "ok", "error"]
+    assert "BUCKET_MB=-1 is invalid" in rows[2]["error"] and "tune/curve" not in rows[0]
+    assert res["sweep/figure"].endswith("summary.html") and res["sweep/failed"] == 1
+
+
+def test_run_cli_json_last_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(notebook, "run", _fake_run)
+    assert notebook.main(["run", "01_weight_update", "-p", "BUCKET_MB", "2", "--out-root", str(tmp_path),
+                          "--json"]) == 0
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last["timing/sync/total"] == 0.5 and last["sync/verified"] is True
+    assert notebook.main(["sweep", "01", "-p", "BUCKET_MB", "2"]) == 2  # no comma list: usage error
+
+
+def test_sync_explorer_runs_only_on_the_button():
+    from labkit.widgets import sync_explorer
+
+    class FakeWorkbench:
+        calls = []
+
+        def sync(self, cfg):
+            self.calls.append(cfg)
+            if cfg.transport == "distributed":
+                raise RuntimeError("no group")
+            return {**_sync_metrics(cfg.transport, cfg.bucket_bytes), "sync/verified": True,
+                    "sync/weight_version": f"v{len(self.calls)}"}
+
+    wb = FakeWorkbench()
+    ex = sync_explorer(wb, sizes_mb=(0.25, 1.0, 4.0), value_mb=0.9)
+    assert ex.bucket.value == 1.0 and ex.bucket.continuous_update is False
+    ex.bucket.value = 4.0  # moving the slider starts nothing
+    assert wb.calls == []
+    ex.button.click()
+    assert [c.bucket_mb for c in wb.calls] == [4.0] and ex.runs[0]["sync/verified"] is True
+    assert "verified=True" in ex.status.value
+    ex.transport.value = "distributed"
+    ex.button.click()  # a failing sync is reported next to the controls, the explorer keeps working
+    assert "RuntimeError: no group" in ex.status.value and len(ex.runs) == 1 and not ex.button.disabled
