@@ -85,11 +85,14 @@ class Syncer:
         from tqdm.auto import tqdm
 
         t_start = time.perf_counter()
-        phases = dict.fromkeys(("gather", "pack", "transfer", "load", "verify", "session"), 0.0)
+        phases = dict.fromkeys(("gather", "pack", "transfer", "load", "verify", "session", "setup"), 0.0)
         transport = make(cfg.transport)
-        if self.plan is None or self.plan.bucket_bytes != (1 if cfg.transport == "per-tensor" else cfg.bucket_bytes):
+        replan = self.plan is None or self.plan.bucket_bytes != (1 if cfg.transport == "per-tensor" else cfg.bucket_bytes)
+        if replan:
             named_iter = list(named_iter)  # first sync: learn the tensor list, then replay the plan
             phases["gather"] += time.perf_counter() - t_start
+        t_setup = time.perf_counter()  # plan, validation, buffers, transport: paid in full on a first sync
+        if replan:
             self.plan = make_plan(metas_of(named_iter), cfg, engine_spec and engine_spec.get("dtype"))
             self.pool = None
         plan = self.plan
@@ -110,6 +113,7 @@ class Syncer:
         version = weight_version or f"v{self.version + 1}"
         release = torch.cuda.is_available() if cfg.release_kv_cache is None else cfg.release_kv_cache
         t_s = time.perf_counter()
+        phases["setup"] += t_s - t_setup
         if release:  # free the KV cache while weights are in flight (slime/verl choreography)
             engine.release_memory(["kv_cache"])
         engine.begin_weight_update(selector=cfg.selector)
@@ -117,7 +121,9 @@ class Syncer:
         pool = ThreadPoolExecutor(1, thread_name_prefix="labkit-sync")
         pending, pending_b, seen, expected, kept = None, None, set(), vf.Expected(), {}
         try:
+            t_o = time.perf_counter()
             transport.open(engine, plan)
+            phases["setup"] += time.perf_counter() - t_o
             it = iter(named_iter)
             bar = tqdm(plan.buckets, desc=f"sync[{cfg.transport}]", unit="bucket", disable=not cfg.progress,
                        mininterval=1.0)
