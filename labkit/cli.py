@@ -81,6 +81,35 @@ def cmd_tune(args) -> int:
     return 0
 
 
+def cmd_mtp_experiment(args) -> int:
+    from labkit.mtp import experiment as ex
+
+    # Validate every flag before anything starts.
+    base = ex.ExperimentConfig.quick() if args.quick else ex.ExperimentConfig()
+    arms = tuple(a.strip() for a in args.arms.split(",")) if args.arms else None
+    cfg = ex.with_overrides(base, steps=args.steps, arms=arms, k=args.k, spec_temperature=args.temperature,
+                            eval_prompts=args.eval_prompts, seed=args.seed, prompts=args.prompts, group=args.group,
+                            lr=args.lr)
+    out = ex.run(cfg, model_dir=args.model, progress=not args.json)
+    _write(out if args.history else out["metrics"], args.out)
+    _emit(out["metrics"], args.json)
+    return 0
+
+
+def cmd_faults(args) -> int:
+    from labkit import faults
+
+    # Validate every flag before anything starts (FaultsConfig names the bad value).
+    trials = args.trials if args.trials is not None else (len(faults.QUICK_KINDS) if args.quick else 20)
+    cfg = faults.FaultsConfig(trials=trials, seed=args.seed, quick=args.quick)
+    out = faults.run(cfg)
+    if not args.rows:
+        out.pop("faults/rows", None)
+    _write(out, args.out)
+    _emit(out, args.json)
+    return 0 if out["faults/half_updated"] == 0 and out["faults/recovered"] == out["faults/trials"] else 1
+
+
 def _write(metrics: dict, path: str | None) -> None:
     if path:
         from pathlib import Path
@@ -151,12 +180,38 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true")
     d.set_defaults(fn=cmd_tune)
 
+    d = sub.add_parser("mtp-experiment", help="RL with the MTP draft: arms frozen/trained/unsynced, acceptance per step")
+    d.add_argument("--steps", type=int, default=None, help="RL steps per arm (default 30; --quick: 2)")
+    d.add_argument("--arms", default=None, help="comma-separated subset of frozen,trained,unsynced")
+    d.add_argument("--k", type=int, default=None, help="draft tokens per verify (default 1, MiMo's recipe)")
+    d.add_argument("--temperature", type=float, default=None, help="speculative sampling temperature (default 1)")
+    d.add_argument("--eval-prompts", type=int, default=None)
+    d.add_argument("--prompts", type=int, default=None, help="prompts per RL step")
+    d.add_argument("--group", type=int, default=None, help="samples per prompt (GRPO group)")
+    d.add_argument("--lr", type=float, default=None)
+    d.add_argument("--seed", type=int, default=None)
+    d.add_argument("--model", default=None, help="HF model directory (default: data/tiny-mimo)")
+    d.add_argument("--quick", action="store_true", help="a few seconds per step (tests)")
+    d.add_argument("--out", default=None, help="also write the JSON here")
+    d.add_argument("--history", action="store_true", help="--out gets every per-step row too")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(fn=cmd_mtp_experiment)
+
+    d = sub.add_parser("faults", help="randomized fault injection at random points of real syncs")
+    d.add_argument("--trials", type=int, default=None, help="number of trials (default 20; --quick: one per kind)")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--quick", action="store_true", help="only the faults that restart nothing, one trial each (tests)")
+    d.add_argument("--rows", action="store_true", help="include one row per trial in the JSON")
+    d.add_argument("--out", default=None, help="also write the JSON here")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(fn=cmd_faults)
+
     sub.add_parser("notebook", add_help=False,
                    help="notebooks headless (papermill): run NAME [-p KEY VALUE]... | sweep NAME -p KEY v1,v2,... | list | check")
 
     d = sub.add_parser("pretrain", help="rebuild the shipped tiny MiMo checkpoint (data/tiny-mimo)")
     d.add_argument("--out", default=None)
-    d.add_argument("--steps", type=int, default=400)
+    d.add_argument("--steps", type=int, default=800)
     d.add_argument("--json", action="store_true")
     d.set_defaults(fn=cmd_pretrain)
     return p

@@ -62,17 +62,24 @@ class TrainConfig:
     """Optimizer and loss settings for the Megatron trainer."""
 
     lr: float = 1e-3
+    optimizer: str = "adam"  # or "sgd" (momentum 0.9): RL from a checkpoint without its Adam state
     weight_decay: float = 0.0
     clip_grad: float = 1.0
-    mtp_loss_scale: float = 0.1  # Megatron's mtp_loss_scaling_factor
+    adam_beta2: float = 0.999
+    mtp_loss_scale: float = 0.1  # Megatron's mtp_loss_scaling_factor; 0 freezes the MTP layers
+    mtp_detach: bool = False  # RL: MTP gradients stop at the trunk (labkit.mtp.loss); pretraining trains both
     micro_batches: int = 1
     seed: int = 1234
 
     def __post_init__(self) -> None:
         check(isinstance(self.lr, (int, float)) and 0 < self.lr < 1, "lr", self.lr, "a float in (0, 1)")
+        check(self.optimizer in ("adam", "sgd"), "optimizer", self.optimizer, "adam or sgd")
         check(isinstance(self.weight_decay, (int, float)) and self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
         check(isinstance(self.clip_grad, (int, float)) and self.clip_grad > 0, "clip_grad", self.clip_grad, "> 0")
+        check(isinstance(self.adam_beta2, float) and 0 < self.adam_beta2 < 1, "adam_beta2", self.adam_beta2,
+              "a float in (0, 1)")
         check(isinstance(self.mtp_loss_scale, (int, float)) and self.mtp_loss_scale >= 0,
               "mtp_loss_scale", self.mtp_loss_scale, ">= 0")
+        check(isinstance(self.mtp_detach, bool), "mtp_detach", self.mtp_detach, "True or False")
         _int("micro_batches", self.micro_batches)
         _int("seed", self.seed, lo=0)

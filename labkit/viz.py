@@ -115,28 +115,44 @@ def _num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def acceptance(history: list[dict], title: str = "Draft acceptance") -> go.Figure:
-    """Accept length per step per arm (left) and per-position acceptance rates at the last step (right).
+def acceptance(history: list[dict], title: str = "MTP draft acceptance under RL") -> go.Figure:
+    """Per arm over RL steps: measured accept rate (solid) and its offline estimate (dotted), reward, and accept
+    length against the theory E = (1 - a^(k+1)) / (1 - a) at the measured per-position-1 rate.
 
-    history rows: {"arm", "step", "accept/length", "accept/rate_pos1", "accept/rate_pos2", ...}.
+    history rows (labkit.mtp.experiment): {"arm", "step", "mtp/accept_rate", "mtp/accept_length",
+    "mtp/offline_accept_rate", "mtp/accept_rate_pos_1", "train/reward", ...}.
     """
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("accept length over steps", "per-position rate (last step)"))
+    from labkit.mtp.acceptance import expected_accept_length
+
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("accept rate", "reward", "accept length vs theory"))
     arms = list(dict.fromkeys(h["arm"] for h in history))
     for i, arm in enumerate(arms):
         rows = [h for h in history if h["arm"] == arm]
-        color = _color(i)
-        fig.add_scatter(x=[h["step"] for h in rows], y=[h["accept/length"] for h in rows], mode="lines+markers",
-                        name=arm, legendgroup=arm, line=dict(color=color), row=1, col=1)
-        last = rows[-1]
-        pos = sorted(int(k.rsplit("pos", 1)[1]) for k in last if k.startswith("accept/rate_pos"))
-        fig.add_bar(x=[f"pos {p}" for p in pos], y=[last[f"accept/rate_pos{p}"] for p in pos], name=arm,
-                    legendgroup=arm, showlegend=False, marker_color=color, row=1, col=2)
-    fig.update_xaxes(title_text="step", row=1, col=1)
-    fig.update_yaxes(title_text="tokens per target forward", row=1, col=1)
-    fig.update_yaxes(title_text="rate", range=[0, 1], row=1, col=2)
-    fig.update_layout(title=title, barmode="group")
+        color, steps = _color(i), [h["step"] for h in rows]
+        line = dict(color=color)
+        fig.add_scatter(x=steps, y=[h["mtp/accept_rate"] for h in rows], mode="lines+markers", name=arm,
+                        legendgroup=arm, line=line, row=1, col=1)
+        off = [(h["step"], h["mtp/offline_accept_rate"]) for h in rows if _num(h.get("mtp/offline_accept_rate"))]
+        if off:
+            fig.add_scatter(x=[p[0] for p in off], y=[p[1] for p in off], mode="lines", name=f"{arm} (offline)",
+                            legendgroup=arm, line=dict(color=color, dash="dot"), row=1, col=1)
+        fig.add_scatter(x=steps, y=[h["train/reward"] for h in rows], mode="lines+markers", legendgroup=arm,
+                        showlegend=False, line=line, row=1, col=2)
+        k = sum(1 for key in rows[0] if key.startswith("mtp/accept_rate_pos_"))
+        fig.add_scatter(x=steps, y=[h["mtp/accept_length"] for h in rows], mode="lines+markers", legendgroup=arm,
+                        showlegend=False, line=line, row=1, col=3)
+        if k:
+            fig.add_scatter(x=steps, y=[expected_accept_length(h["mtp/accept_rate_pos_1"], k) for h in rows],
+                            mode="lines", legendgroup=arm, showlegend=False, line=dict(color=color, dash="dot"),
+                            row=1, col=3)
+    for c in (1, 2, 3):
+        fig.update_xaxes(title_text="RL step", row=1, col=c)
+    fig.update_yaxes(range=[0, 1], row=1, col=1)
+    fig.update_yaxes(range=[0, 1], row=1, col=2)
+    fig.update_yaxes(title_text="tokens per verify", row=1, col=3)
+    fig.update_layout(title=title)
     return fig
 
 

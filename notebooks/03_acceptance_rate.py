@@ -7,15 +7,19 @@
 # ---
 
 # %% [markdown]
-# # 03 · MTP draft acceptance
+# # 03 · MTP draft acceptance while RL moves the policy
 #
-# How often would the MTP draft head's guesses be accepted by the policy in speculative decoding, and how
-# does that change as the policy trains? Two arms over training steps: **joint** (the draft is trained along
-# with the policy) and **frozen_draft** (only the policy trains; the draft drifts out of date).
+# GRPO on the arithmetic task (rollouts from the SGLang engine, Megatron trainer, a weight sync after every
+# step) in three arms from the same checkpoint, seeds and prompts:
 #
-# Source: `labkit.mtp.experiment` (real speculative decoding in the engine) when it is installed; until then
-# an **offline estimate** (`labkit.accept_offline`): greedy chained acceptance from one teacher-forced
-# trainer forward on held-out task text. `accept/source` in the metrics says which one ran.
+# - **frozen**: the MTP layer is not trained; everything is synced;
+# - **trained**: the MTP loss on the response tokens, trunk detached; everything is synced;
+# - **unsynced**: trained, but the syncs send the trunk only; the engine's draft stays as at step 0.
+#
+# Every step, labkit's speculative decoder (`labkit.mtp.speculative`, the MTP head chained as the draft, verified
+# by the target with rejection sampling) measures acceptance over the exported weights the engine serves; the
+# RL step's own teacher-forced forward gives the offline estimate `E[sum_x min(p, q)]` (dotted lines).
+# On a GPU, SGLang's speculative engine reports the same counters (`labkit.mtp.acceptance.parse_sglang_meta`).
 
 # %%
 from labkit import nb
@@ -23,42 +27,47 @@ from labkit import nb
 nb.env_report();
 
 # %% tags=["parameters"]
-SOURCE = "auto"  # auto (mtp experiment if available, else offline) | mtp | offline
-ARMS = "joint,frozen_draft"  # comma list: joint, frozen_draft
-STEPS = 6  # training steps per arm
-EVAL_N = 64  # held-out problems for the offline estimate
-LR = 0.003
-QUICK = False  # passed to labkit.mtp.experiment.run
+ARMS = "frozen,trained,unsynced"  # comma list
+STEPS = 30  # RL steps per arm
+K = 1  # draft tokens per verify (MiMo's recipe: 1)
+TEMPERATURE = 1.0  # speculative sampling temperature (the rollout temperature)
+EVAL_PROMPTS = 256  # held-out prompts for the acceptance measurement
+PROMPTS = 32  # prompts per RL step
+GROUP = 8  # samples per prompt (GRPO group)
+SEED = 0
+QUICK = False  # a few seconds per step: the numbers mean little
 INTERACTIVE = False
 
 # %% tags=["validate"]
 nb.check_params(globals(), {
-    "SOURCE": nb.Choice("auto", "mtp", "offline"), "ARMS": nb.Subset("joint", "frozen_draft"),
-    "STEPS": nb.Int(0, 200), "EVAL_N": nb.Int(1, 4096), "LR": nb.Float(1e-6, 0.1), "QUICK": nb.Bool(),
-    "INTERACTIVE": nb.Bool()});
+    "ARMS": nb.Subset("frozen", "trained", "unsynced"), "STEPS": nb.Int(1, 500), "K": nb.Int(1, 8),
+    "TEMPERATURE": nb.Float(0.0, 2.0), "EVAL_PROMPTS": nb.Int(1, 4096), "PROMPTS": nb.Int(1, 512),
+    "GROUP": nb.Int(2, 64), "SEED": nb.Int(0), "QUICK": nb.Bool(), "INTERACTIVE": nb.Bool()});
 
 # %%
-from labkit import accept_offline, viz
+from labkit.mtp import experiment
 
-use_mtp = accept_offline.mtp_available() if SOURCE == "auto" else SOURCE == "mtp"
-print("source:", "labkit.mtp.experiment" if use_mtp else "offline estimate (labkit.accept_offline)")
-
-# %%
-if use_mtp:
-    from labkit.mtp import experiment
-
-    result = experiment.run(quick=QUICK)
-else:
-    result = accept_offline.run(arms=tuple(a.strip() for a in ARMS.split(",")), steps=STEPS, eval_n=EVAL_N, lr=LR)
-nb.record(result["metrics"])
+base = experiment.ExperimentConfig.quick() if QUICK else experiment.ExperimentConfig()
+cfg = experiment.with_overrides(base, arms=tuple(a.strip() for a in ARMS.split(",")), k=K, seed=SEED,
+                                spec_temperature=TEMPERATURE, **({} if QUICK else dict(
+                                    steps=STEPS, eval_prompts=EVAL_PROMPTS, prompts=PROMPTS, group=GROUP)))
+cfg
 
 # %%
+result = experiment.run(cfg)
+nb.record({k: v for k, v in result["metrics"].items() if k != "mtp/arms"})
+
+# %%
+from labkit import viz
+
 nb.show(viz.acceptance(result["history"]), name="acceptance", interactive=INTERACTIVE)
 
 # %%
 import pandas as pd
 
-pd.DataFrame(result["history"])
+cols = ["arm", "step", "mtp/accept_rate", "mtp/offline_accept_rate", "mtp/accept_length", "train/reward",
+        "train/accuracy", "mtp/loss", "train/rollout_kl", "sync/verified"]
+pd.DataFrame(result["history"]).reindex(columns=cols)
 
 # %%
 from labkit.cluster import runtime

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import socket
 
+START_ATTEMPTS = 3
+
 
 def node_ip() -> str:
     try:
@@ -39,13 +41,15 @@ def init(address: str | None = None, num_cpus: int | None = None) -> dict:
             # still host a TP=2 trainer and an engine side by side.
             kw = dict(num_cpus=num_cpus or max(8, os.cpu_count() or 1), include_dashboard=False,
                       _node_ip_address="127.0.0.1", logging_level="WARNING", log_to_driver=True)
-            try:
-                ray.init(**kw)
-            except Exception as e:  # a loaded 2-core box can miss Ray's raylet start-up deadline once
-                if "timed out during startup" not in str(e):
-                    raise
-                ray.shutdown()
-                ray.init(**kw)
+            for attempt in range(START_ATTEMPTS):
+                try:
+                    ray.init(**kw)
+                    break
+                except Exception as e:  # a loaded 2-core box misses Ray's fixed 30 s raylet deadline at times
+                    ray.shutdown()
+                    if "timed out during startup" not in str(e) or attempt == START_ATTEMPTS - 1:
+                        raise RuntimeError(f"local Ray did not start ({START_ATTEMPTS} attempts; the machine may "
+                                           f"be overloaded): {e}") from e
     res = ray.cluster_resources()
     return {"address": ray.get_runtime_context().gcs_address, "cpus": res.get("CPU", 0), "gpus": res.get("GPU", 0)}
 

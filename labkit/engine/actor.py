@@ -76,7 +76,7 @@ class EngineActor:
     def __init__(self, cfg):
         from labkit.compat import sglang as compat
 
-        self.cfg, self.engine, self.error, self._closed = cfg, None, None, False
+        self.cfg, self.engine, self.error, self._closed, self._paused = cfg, None, None, False, False
         self.layers = compat.apply()
         # SGLang's registry serves our MiMo (adds get_weights_by_name) and loads its own zoo on demand.
         os.environ.setdefault("SGLANG_EXTERNAL_MODEL_PACKAGE", MODEL_PACKAGE)
@@ -122,6 +122,11 @@ class EngineActor:
 
     # --- generation -------------------------------------------------------------------------------------
     def generate(self, prompts, input_ids, sampling, return_logprob) -> list[dict]:
+        if self._paused:
+            # This actor runs one call at a time: a request parked inside SGLang until continue_generation
+            # would block the very call that continues it. Refuse instead (the handle raises EngineError).
+            return [{"labkit_refused": "generation is paused (a weight update is in progress or was not "
+                                       "restored); call continue_generation() first"}]
         out = self.engine.generate(prompt=prompts, input_ids=input_ids, sampling_params=sampling,
                                    return_logprob=return_logprob)
         return out if isinstance(out, list) else [out]
@@ -192,6 +197,7 @@ class EngineActor:
     def pause_generation(self, mode="abort") -> dict:
         from sglang.srt.managers.io_struct import PauseGenerationReqInput
 
+        self._paused = True  # first: no request may start on weights that are about to change
         self._run(self.engine.tokenizer_manager.pause_generation(PauseGenerationReqInput(mode=mode)))
         return {"success": True, "message": "Generation paused."}
 
@@ -199,7 +205,11 @@ class EngineActor:
         from sglang.srt.managers.io_struct import ContinueGenerationReqInput
 
         self._run(self.engine.tokenizer_manager.continue_generation(ContinueGenerationReqInput()))
+        self._paused = False
         return {"success": True, "message": "Generation continued."}
+
+    def is_paused(self) -> bool:
+        return self._paused
 
     def release_memory_occupation(self, tags=None) -> dict:
         return _ok(self.engine.release_memory_occupation(tags))
@@ -234,6 +244,9 @@ class ActorBackend:
 
     def __init__(self, actor, timeout_s: float):
         self.actor, self.timeout_s = actor, timeout_s
+
+    def with_timeout(self, timeout_s: float) -> ActorBackend:
+        return ActorBackend(self.actor, timeout_s)
 
     def __getattr__(self, method):
         if method.startswith("_"):  # copy/pickle probes are not actor methods

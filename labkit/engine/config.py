@@ -15,6 +15,41 @@ def _bad(field: str, value, allowed: str) -> ValueError:
     return ValueError(f"EngineConfig.{field}={value!r} is invalid: expected {allowed}")
 
 
+SPEC_ALGORITHMS = ("NEXTN", "EAGLE")  # NEXTN: SGLang's spelling for a model's own MTP layer as the draft (EAGLE worker)
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class SpeculativeConfig:
+    """SGLang speculative decoding with the model's MTP layer as the draft. GPU only: SGLang's EAGLE worker has
+    no CPU path (on CPU, `labkit.mtp.speculative` measures the same counters over the same weights).
+
+    Defaults are MiMo's own recipe (1 step, top-1, 2 draft tokens = 1 draft + the bonus token); verl's MTP
+    rollouts use steps 2, top-k 2, draft tokens 4. Sync the draft with the trainer: `SyncConfig(selector="all")`
+    (the default) updates target and draft in the same weight-update session.
+    """
+
+    algorithm: str = "NEXTN"
+    num_steps: int = 1
+    eagle_topk: int = 1
+    num_draft_tokens: int = 2
+    draft_model_path: str | None = None  # None: the target's directory (MiMo/DeepSeek ship the MTP layer there)
+
+    def __post_init__(self):
+        if self.algorithm not in SPEC_ALGORITHMS:
+            raise _bad("speculative.algorithm", self.algorithm, f"one of {', '.join(SPEC_ALGORITHMS)}")
+        for f in ("num_steps", "eagle_topk", "num_draft_tokens"):
+            if not (_is_int(getattr(self, f)) and getattr(self, f) >= 1):
+                raise _bad(f"speculative.{f}", getattr(self, f), "a positive int")
+        if self.eagle_topk == 1 and self.num_draft_tokens != self.num_steps + 1:
+            raise _bad("speculative.num_draft_tokens", self.num_draft_tokens,
+                       f"num_steps + 1 = {self.num_steps + 1} for a top-1 chain")
+
+    def sglang_kwargs(self, model_dir: str) -> dict:
+        return {"speculative_algorithm": self.algorithm, "speculative_num_steps": self.num_steps,
+                "speculative_eagle_topk": self.eagle_topk, "speculative_num_draft_tokens": self.num_draft_tokens,
+                "speculative_draft_model_path": self.draft_model_path or model_dir}
+
+
 @dataclass(kw_only=True, slots=True, frozen=True)
 class EngineConfig:
     """An SGLang engine.
@@ -37,6 +72,7 @@ class EngineConfig:
     log_level: str = "error"
     start_timeout_s: float = 300.0  # engine/server start-up, incl. SGLang's imports (~20-40 s on 2 CPU cores)
     call_timeout_s: float = 120.0  # every other call; nothing waits forever
+    speculative: SpeculativeConfig | None = None  # the MTP draft in SGLang (GPU only)
 
     def __post_init__(self):
         if not isinstance(self.model_dir, str) or not self.model_dir:
@@ -58,6 +94,8 @@ class EngineConfig:
             raise _bad("trust_remote_code", self.trust_remote_code, "a bool")
         if self.log_level not in LOG_LEVELS:
             raise _bad("log_level", self.log_level, f"one of {', '.join(LOG_LEVELS)}")
+        if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
+            raise _bad("speculative", self.speculative, "None or a SpeculativeConfig")
         for f in ("start_timeout_s", "call_timeout_s"):
             v = getattr(self, f)
             if not (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0):
@@ -73,6 +111,11 @@ class EngineConfig:
             kw["max_total_tokens"] = self.max_total_tokens
         elif device == "cpu" and self.mem_fraction_static is None:
             kw["max_total_tokens"] = CPU_DEFAULT_MAX_TOTAL_TOKENS
+        if self.speculative is not None:
+            if device == "cpu":
+                raise ValueError("EngineConfig.speculative is GPU only: SGLang's EAGLE/NEXTN worker has no CPU path "
+                                 "(labkit.mtp.speculative measures acceptance on CPU)")
+            kw.update(self.speculative.sglang_kwargs(self.model_dir))
         if device == "cpu":
             # An idle scheduler otherwise spins one core at 100% (measured), half of this 2-core box; with
             # this it blocks in zmq poll (1 s timeout) and wakes at once on a request.

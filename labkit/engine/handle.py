@@ -12,6 +12,7 @@ from pathlib import Path
 
 from labkit.engine.config import EngineConfig
 from labkit.engine.errors import EngineError, EngineUnreachable, Unsupported
+from labkit.engine.spec import check_update, model_spec
 
 FULL = 2**31 - 1  # truncate_size that keeps every row (SGLang slices the row list with it)
 _NO_CPU_MEMORY_RELEASE = (
@@ -46,8 +47,9 @@ class EngineHandle:
     """Use `EngineHandle.start(cfg)` (Ray actor, or connect when cfg.url is set), `.connect(url)`, or
     `.launch(cfg)` (start an HTTP server subprocess this handle owns)."""
 
-    def __init__(self, backend, cfg: EngineConfig, kind: str, server=None, actor=None):
+    def __init__(self, backend, cfg: EngineConfig, kind: str, server=None, actor=None, strategy=None):
         self._b, self.cfg, self.kind, self._server, self._actor = backend, cfg, kind, server, actor
+        self._strategy = strategy  # where a restart() puts the new actor
         self._closed = self._paused = False
 
     # --- construction -------------------------------------------------------------------------------------
@@ -58,6 +60,9 @@ class EngineHandle:
         check_model_dir(cfg.model_dir)
         if cfg.tp != 1 and _cpu():
             raise Unsupported(f"EngineConfig.tp={cfg.tp}: a CPU engine runs TP=1 only")
+        if cfg.speculative is not None and _cpu():
+            raise Unsupported("EngineConfig.speculative: SGLang speculative decoding (EAGLE/NEXTN) needs CUDA; on CPU "
+                              "labkit.mtp.speculative measures acceptance over the same weights")
         import ray
 
         from labkit.cluster import runtime
@@ -80,7 +85,30 @@ class EngineHandle:
         if "error" in info:
             backend.shutdown()
             raise EngineError(f"SGLang could not start an engine for model_dir={cfg.model_dir!r}: {info['error']}")
-        return cls(backend, cfg, "ray", actor=actor)
+        return cls(backend, cfg, "ray", actor=actor, strategy=scheduling_strategy)
+
+    def restart(self) -> None:
+        """Replace a dead or wedged engine with a fresh one from cfg.model_dir, in place (same handle, same
+        URL for a launched server). It serves the model dir's weights, weight_version "default"."""
+        if self._actor is None and self._server is None:
+            raise EngineUnreachable(f"engine at {self.url} was not started by labkit: it cannot be restarted here")
+        if self._server is not None:
+            from labkit.engine.http import HttpBackend, ServerProcess
+
+            port = self._server.port
+            self._server.stop(grace_s=2.0)
+            try:  # the same URL if its port is free again, else a new one (handle.url follows)
+                self._server = ServerProcess(self.cfg, port=port)
+            except EngineError:
+                self._server = ServerProcess(self.cfg)
+            self._b = HttpBackend(self._server.url, self.cfg.call_timeout_s)
+        else:
+            # Kill the actor (and with it SGLang's processes), remove /dev/shm leftovers; a wedged actor gets
+            # 10 s to shut down cleanly, not a full call timeout.
+            self._b.with_timeout(10.0).shutdown()
+            fresh = EngineHandle.start(self.cfg, scheduling_strategy=self._strategy)
+            self._b, self._actor = fresh._b, fresh._actor
+        self._closed = self._paused = False
 
     @classmethod
     def connect(cls, url: str, cfg: EngineConfig | None = None) -> EngineHandle:
@@ -111,14 +139,18 @@ class EngineHandle:
     def tp_size(self) -> int:
         return self._b.tp_size()
 
-    def portable(self) -> EngineHandle:
+    def portable(self, call_timeout_s: float | None = None) -> EngineHandle:
         """A picklable handle to the same engine for another process (e.g. a trainer actor); it owns
-        nothing, so its shutdown() leaves the engine running."""
-        h = EngineHandle(self._b, self.cfg, self.kind)
+        nothing, so its shutdown() leaves the engine running. call_timeout_s bounds each of its calls."""
+        b = self._b if call_timeout_s is None else self._b.with_timeout(call_timeout_s)
+        h = EngineHandle(b, self.cfg, self.kind)
         h._paused = self._paused
         return h
 
     # --- plumbing ----------------------------------------------------------------------------------------
+    def _spec(self):
+        return model_spec(self.cfg.model_dir)
+
     def _control(self, method: str, *args, **kwargs) -> str:
         if self._closed:
             raise EngineError(f"{method}: this engine handle was shut down")
@@ -142,6 +174,8 @@ class EngineHandle:
             raise EngineError("generate: generation is paused; call continue_generation() first")
         sampling = list(sampling) if isinstance(sampling, (list, tuple)) else dict(sampling or {})  # or one per prompt
         outs = self._b.generate(prompts, input_ids, sampling, bool(return_logprob))
+        if outs and "labkit_refused" in outs[0]:  # the actor's own gate (see EngineActor.generate)
+            raise EngineError(f"generate: {outs[0]['labkit_refused']}")
         results = []
         for o in outs:
             meta = dict(o.get("meta_info", {}))
@@ -162,12 +196,17 @@ class EngineHandle:
     def update_weights_from_tensor(self, payload, load_format: str | None = None, flush_cache: bool = True,
                                    weight_version: str | None = None) -> str:
         """`payload`: [(hf_name, tensor), ...], or for load_format="flattened_bucket" one serialized payload
-        per TP rank. Must run inside begin/end_weight_update. weight_version is set only if SGLang accepts."""
-        return self._control("update_weights_from_tensor", list(payload), load_format, flush_cache, weight_version)
+        per TP rank. Must run inside begin/end_weight_update. weight_version is set only if SGLang accepts.
+        Named tensors are checked against the model's names and shapes first (labkit.engine.spec)."""
+        payload = list(payload)
+        if load_format is None:
+            check_update(self._spec(), [(n, tuple(t.shape)) for n, t in payload], "update_weights_from_tensor")
+        return self._control("update_weights_from_tensor", payload, load_format, flush_cache, weight_version)
 
     def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
                                         group_name: str = "weight_update_group", flush_cache: bool = True,
                                         load_format: str | None = None, weight_version: str | None = None) -> str:
+        check_update(self._spec(), list(zip(names, shapes)), "update_weights_from_distributed")
         return self._control("update_weights_from_distributed", names, dtypes, shapes, group_name, flush_cache,
                              load_format, weight_version)
 
@@ -259,6 +298,9 @@ class EngineHandle:
         if self._closed:
             return []
         self._closed = True
+        guard = getattr(self, "_guard", None)  # labkit.sync.atomic's host copy of the last good weights
+        if guard is not None:
+            guard.close()
         if self._server is not None:
             return self._server.stop()
         if self._actor is not None:

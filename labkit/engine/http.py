@@ -32,6 +32,11 @@ class HttpBackend:
         self.timeout_s = timeout_s
         self._tp = None
 
+    def with_timeout(self, timeout_s: float) -> HttpBackend:
+        b = HttpBackend(self.url, timeout_s)
+        b._tp = self._tp
+        return b
+
     def _request(self, method: str, route: str, body=None, timeout=None):
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.url + route, data=data, method=method,

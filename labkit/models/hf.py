@@ -98,21 +98,49 @@ class ReferenceModel:
         import torch
 
         with torch.no_grad():
-            out = self.trunk(input_ids=tokens, output_hidden_states=True)
-            hidden = out.hidden_states[-1]  # post final norm, as Megatron and SGLang hand it to the MTP head
+            logits, hidden = self.trunk_forward(tokens)
             mtp_logits, ids = [], tokens
-            for head in self.mtp:
+            for i in range(len(self.mtp)):
                 ids = torch.roll(ids, -1, dims=1)
                 ids[:, -1] = 0  # Megatron's roll_tensor zero-fills the wrapped position
-                emb = self.trunk.model.embed_tokens(ids)
-                x = head["proj"](torch.cat([head["hidden_layernorm"](hidden), head["token_layernorm"](emb)], dim=-1))
-                pos = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens)
-                rope = self.trunk.model.rotary_emb(x, pos)
-                x = head["layer"](x, attention_mask=None, position_ids=pos, position_embeddings=rope)
-                x = x[0] if isinstance(x, tuple) else x
-                hidden = head["final_layernorm"](x)
-                mtp_logits.append(self.trunk.lm_head(hidden))
-            return {"logits": out.logits.float(), "mtp_logits": [m.float() for m in mtp_logits]}
+                m, hidden = self.mtp_forward(i, hidden, ids)
+                mtp_logits.append(m)
+            return {"logits": logits, "mtp_logits": mtp_logits}
+
+    def trunk_forward(self, tokens):
+        """Main logits [b, s, V] and the last hidden states [b, s, h], post final norm: what the MTP head reads."""
+        import torch
+
+        with torch.no_grad():
+            out = self.trunk(input_ids=tokens, output_hidden_states=True)
+            return out.logits.float(), out.hidden_states[-1]  # post final norm, as Megatron and SGLang hand it over
+
+    def mtp_forward(self, i: int, hidden, next_tokens):
+        """MTP layer i over the pairs (hidden[:, j], next_tokens[:, j]) at positions j (causal).
+
+        Returns its logits [b, s, V] and its output hidden states after final_layernorm (what the next MTP
+        depth reads, in Megatron's chain and in SGLang's draft steps).
+        """
+        import torch
+
+        head = self.mtp[i]
+        with torch.no_grad():
+            emb = self.trunk.model.embed_tokens(next_tokens)
+            x = head["proj"](torch.cat([head["hidden_layernorm"](hidden), head["token_layernorm"](emb)], dim=-1))
+            pos = torch.arange(next_tokens.shape[1], device=next_tokens.device).unsqueeze(0).expand_as(next_tokens)
+            rope = self.trunk.model.rotary_emb(x, pos)
+            x = head["layer"](x, attention_mask=None, position_ids=pos, position_embeddings=rope)
+            x = x[0] if isinstance(x, tuple) else x
+            out = head["final_layernorm"](x)
+            return self.trunk.lm_head(out).float(), out
+
+    def to(self, device) -> ReferenceModel:
+        """Move every module (trunk and MTP heads) to `device`; returns self."""
+        self.trunk.to(device)
+        for head in self.mtp:
+            for m in head.values():
+                m.to(device)
+        return self
 
 
 _ST_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",

@@ -19,8 +19,18 @@ def engine_spec(model_dir: str, dtype: str = "auto") -> dict:
     return {"tensors": {n: (shape, dtype) for n, (shape, _) in checkpoint_tensors(model_dir).items()}, "dtype": dtype}
 
 
-def sync(trainer, engine, cfg: SyncConfig | None = None, weight_version: str | None = None) -> dict:
-    """Push the trainer's current weights into the engine in one weight-update session; returns metrics."""
+def sync(trainer, engine, cfg: SyncConfig | None = None, weight_version: str | None = None,
+         exclude: tuple[str, ...] = ()) -> dict:
+    """Push the trainer's current weights into the engine in one weight-update session; returns metrics.
+
+    `exclude` leaves out tensors whose names contain any of the given substrings (default: none).
+    With cfg.atomic (the default) the sync lands completely or the engine is restored to the last good
+    weights before it serves again (labkit.sync.atomic; a failure raises SyncFailed saying which).
+    """
     cfg = cfg or SyncConfig()
     spec = engine_spec(engine.cfg.model_dir, engine.cfg.dtype)
-    return trainer.sync(engine.portable(), cfg, spec, weight_version)
+    if cfg.atomic:
+        from labkit.sync.atomic import guard_for
+
+        return guard_for(engine).sync(trainer, cfg, spec, weight_version, tuple(exclude))
+    return trainer.sync(engine.portable(), cfg, spec, weight_version, exclude=tuple(exclude))

@@ -5,7 +5,10 @@ transfer + load (transport; overlapped with packing the next bucket) -> end_weig
 weight_version -> verify (checksums, trainer side vs engine side).
 
 Runs on the trainer rank that holds the full exported tensors (rank 0); the other ranks only drain the
-export generator, whose collectives need every rank.
+export generator, whose collectives need every rank. With `stage_dir` set (labkit.sync.atomic does), every
+tensor sent is also written to a host-side copy there (`timing/sync/stage`): the rollback source of the
+next sync. Every wait is bounded by `timeout_s`; named failpoints (labkit.sync.failpoints) mark where
+`labkit faults` injects faults.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import torch
 
 from labkit.config import check
 from labkit.sync import bucket as bk
+from labkit.sync import failpoints as fp
+from labkit.sync import lastgood
 from labkit.sync import verify as vf
 from labkit.sync.plan import Plan, TensorMeta, plan_buckets, validate
 from labkit.sync.transport import TRANSPORTS, make
@@ -35,6 +40,10 @@ class SyncConfig:
     overlap: bool = True
     progress: bool = True
     release_kv_cache: bool | None = None  # None: on where CUDA is present (SGLang cannot release on CPU)
+    atomic: bool = True  # labkit.sync.sync(): land completely or restore the last good weights (sync.atomic)
+    timeout_s: float = 120.0  # the longest single wait: engine call, rendezvous, broadcast
+    deadline_s: float = 600.0  # the whole sync (atomic): a trainer still busy then is killed, the engine restored
+    stage_dir: str | None = None  # write a host copy of what is sent here (set by sync.atomic)
 
     def __post_init__(self) -> None:
         check(self.transport in TRANSPORTS, "transport", self.transport, f"one of {', '.join(TRANSPORTS)}")
@@ -47,6 +56,13 @@ class SyncConfig:
                   f"at most half the memory budget ({self.memory_budget_mb} MiB): two buckets are in flight")
         check(self.verify in ("checksum", "full", "none"), "verify", self.verify, "checksum, full or none")
         check(self.selector in ("all", "target", "draft"), "selector", self.selector, "all, target or draft")
+        check(isinstance(self.atomic, bool), "atomic", self.atomic, "True or False")
+        for f in ("timeout_s", "deadline_s"):
+            v = getattr(self, f)
+            check(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0, f, v,
+                  "a positive number of seconds")
+        check(self.deadline_s >= self.timeout_s, "deadline_s", self.deadline_s,
+              f"at least timeout_s={self.timeout_s}: the whole sync cannot be shorter than one of its waits")
 
     @property
     def bucket_bytes(self) -> int:
@@ -85,8 +101,8 @@ class Syncer:
         from tqdm.auto import tqdm
 
         t_start = time.perf_counter()
-        phases = dict.fromkeys(("gather", "pack", "transfer", "load", "verify", "session", "setup"), 0.0)
-        transport = make(cfg.transport)
+        phases = dict.fromkeys(("gather", "pack", "transfer", "load", "verify", "stage", "session", "setup"), 0.0)
+        transport = make(cfg.transport, timeout_s=cfg.timeout_s)
         replan = self.plan is None or self.plan.bucket_bytes != (1 if cfg.transport == "per-tensor" else cfg.bucket_bytes)
         if replan:
             named_iter = list(named_iter)  # first sync: learn the tensor list, then replay the plan
@@ -120,7 +136,9 @@ class Syncer:
         phases["session"] += time.perf_counter() - t_s
         pool = ThreadPoolExecutor(1, thread_name_prefix="labkit-sync")
         pending, pending_b, seen, expected, kept = None, None, set(), vf.Expected(), {}
+        stage = lastgood.Writer(cfg.stage_dir) if cfg.stage_dir else None
         try:
+            fp.hit("sync.begin")
             t_o = time.perf_counter()
             transport.open(engine, plan)
             phases["setup"] += time.perf_counter() - t_o
@@ -145,12 +163,19 @@ class Syncer:
                 peak = max(peak, extra + (b.nbytes if b.oversize else 0) + in_flight)
                 if pending is not None:
                     self._collect(pending, phases)
+                fp.hit("sync.bucket")
                 pending, pending_b = pool.submit(transport.send, engine, b, tensors, flat), b
-                if cfg.verify != "none":
+                if cfg.verify != "none" or stage is not None:
                     t3 = time.perf_counter()
                     views = dict(bk.unpack(b, flat)) if flat is not None else {
                         m.name: tensors[m.name].detach().to("cpu", bk.torch_dtype(m.dtype)) for m in b.tensors}
-                    expected.add(views)
+                    if stage is not None:  # the copy is taken before the buffer is reused for bucket i+2
+                        stage.add(views)
+                        t4 = time.perf_counter()
+                        phases["stage"] += t4 - t3
+                        t3 = t4
+                    if cfg.verify != "none":
+                        expected.add(views)
                     if cfg.verify == "full":
                         kept.update({n: v.clone() for n, v in views.items()})
                     phases["verify"] += time.perf_counter() - t3
@@ -159,21 +184,29 @@ class Syncer:
             if pending is not None:
                 self._collect(pending, phases)
                 pending = None
+            fp.hit("sync.end")
         except BaseException:
             if pending is not None:
                 pending.cancel()
-            try:  # never leave the engine inside an open session
-                transport.close(engine)
-            finally:
-                pool.shutdown(wait=False)
-                engine.end_weight_update()
-                if release:
-                    engine.resume_memory(["kv_cache"])
+            if stage is not None:
+                stage.abort()
+            pool.shutdown(wait=False)
+            # Best effort, never masking the original error: the engine may be the thing that failed.
+            # (labkit.sync.atomic then restores the last good weights before the engine serves again.)
+            cleanup = [lambda: transport.close(engine), engine.end_weight_update]
+            if release:
+                cleanup.append(lambda: engine.resume_memory(["kv_cache"]))
+            for step in cleanup:
+                try:
+                    step()
+                except Exception:
+                    pass
             raise
         t_s = time.perf_counter()
         transport.close(engine)
         pool.shutdown(wait=True)
         engine.end_weight_update()
+        fp.hit("sync.version")
         # Buckets load with flush_cache=False; drop the prefix cache once, or prompts sharing a prefix with an
         # earlier request reuse KV computed by the old weights (log-prob gap ~0.8 seen on the arithmetic task).
         engine.flush_cache()
@@ -191,6 +224,11 @@ class Syncer:
             else:
                 result = vf.compare(expected.finish(), engine.checksums())
             phases["verify"] += time.perf_counter() - t3
+        if stage is not None:
+            t3 = time.perf_counter()
+            result["sync/staged"] = stage.finish(version)
+            result["sync/stage_bytes"] = stage.nbytes  # host memory (tmpfs) the rollback copy holds
+            phases["stage"] += time.perf_counter() - t3
         total = time.perf_counter() - t_start
         nbytes = plan.total_bytes
         out = {f"timing/sync/{k}": round(v, 6) for k, v in phases.items()}
@@ -205,6 +243,7 @@ class Syncer:
             "sync/peak_extra_bytes": peak,
             "sync/largest_tensor_bytes": plan.largest_tensor_bytes,
             "sync/weight_version": version,
+            "sync/port_retries": getattr(transport, "port_retries", 0),
             **result,
         })
         return out

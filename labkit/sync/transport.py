@@ -9,6 +9,11 @@
 
 `send()` returns only when the engine has loaded the bucket; the session overlaps packing the next
 bucket with it by running `send()` on a worker thread.
+
+No wait is unbounded: the distributed group (rendezvous, store, every broadcast) carries `timeout_s`, and so
+does every engine call made here. The rendezvous port is bound by the trainer *before* the engine is told
+about it, so a port taken by someone else is a retry with another port, never an engine connecting to a
+stranger (or waiting for a store that will never come up).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from datetime import timedelta
 import torch
 
 from labkit.sync import bucket as bk
+from labkit.sync import failpoints as fp
 from labkit.sync.plan import Bucket
 
 TRANSPORTS = ("per-tensor", "colocated", "distributed")
@@ -66,18 +72,42 @@ class Colocated:
         pass
 
 
-def join_group(master_address: str, master_port: int, world_size: int, group_name: str, backend: str,
-               timeout_s: float = 120.0):
-    """Rank 0 of SGLang's weight-update group, built the way `init_custom_process_group` builds it."""
-    from torch.distributed.distributed_c10d import PrefixStore, _new_process_group_helper, _world, rendezvous
+PORT_ATTEMPTS = 5
+
+
+def bind_store(host: str, world_size: int, timeout_s: float, attempts: int = PORT_ATTEMPTS):
+    """The rendezvous TCPStore, hosted here (rank 0) on a free port; (store, port, retries)."""
+    from torch.distributed import TCPStore
+
+    from labkit.cluster.runtime import free_port
+
+    errors = []
+    for i in range(attempts):
+        port = free_port()
+        fp.hit("transport.open", host=host, port=port)
+        try:
+            store = TCPStore(host, port, world_size, is_master=True, timeout=timedelta(seconds=timeout_s),
+                             wait_for_workers=False)
+            return store, port, i
+        except (RuntimeError, OSError) as e:  # free_port() is a guess: another process may bind it first
+            if "EADDRINUSE" not in str(e) and "in use" not in str(e).lower():
+                raise
+            errors.append(port)
+    raise RuntimeError(f"could not bind a rendezvous port for the weight-update group: ports {errors} were "
+                       f"all in use ({attempts} attempts)")
+
+
+def join_group(store, world_size: int, group_name: str, backend: str, timeout_s: float = 120.0):
+    """Rank 0 of SGLang's weight-update group, built the way `init_custom_process_group` builds it
+    (PrefixStore named after the group over the rendezvous store)."""
+    from torch.distributed.distributed_c10d import PrefixStore, _new_process_group_helper, _world
 
     timeout = timedelta(seconds=timeout_s)
-    store, rank, world = next(rendezvous(f"tcp://{master_address}:{master_port}", 0, world_size, timeout=timeout))
     store.set_timeout(timeout)
-    store = PrefixStore(group_name, store)
-    pg, _ = _new_process_group_helper(world, rank, [], torch.distributed.Backend(backend), store,
-                                      group_name=group_name, backend_options=None, timeout=timeout)
-    _world.pg_group_ranks[pg] = {i: i for i in range(world)}
+    pg, _ = _new_process_group_helper(world_size, 0, [], torch.distributed.Backend(backend),
+                                      PrefixStore(group_name, store), group_name=group_name, backend_options=None,
+                                      timeout=timeout)
+    _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
     return pg
 
 
@@ -87,17 +117,19 @@ class Distributed:
 
     def __init__(self, group_name: str = "labkit_weight_update", timeout_s: float = 120.0):
         self.group_name, self.timeout_s, self.pg = group_name, timeout_s, None
+        self.port_retries = 0
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="labkit-engine")
 
     def open(self, engine, plan) -> None:
-        from labkit.cluster.runtime import free_port, node_ip
+        from labkit.cluster.runtime import node_ip
 
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        addr, port, world = node_ip(), free_port(), 1 + engine.tp_size
-        # Both sides rendezvous at once: the engine call blocks until the trainer joins.
+        addr, world = node_ip(), 1 + engine.tp_size
+        store, port, self.port_retries = bind_store(addr, world, self.timeout_s)
+        # Both sides build the group at once: the engine call blocks until the trainer joins.
         fut = self._pool.submit(engine.init_weights_update_group, master_address=addr, master_port=port,
                                 rank_offset=1, world_size=world, group_name=self.group_name, backend=backend)
-        self.pg = join_group(addr, port, world, self.group_name, backend, self.timeout_s)
+        self.pg = join_group(store, world, self.group_name, backend, self.timeout_s)
         fut.result(timeout=self.timeout_s)
 
     def send(self, engine, b: Bucket, tensors=None, flat: torch.Tensor | None = None) -> dict:
@@ -105,6 +137,7 @@ class Distributed:
         fut = self._pool.submit(engine.update_weights_from_distributed, names=b.names,
                                 dtypes=[t.dtype for t in b.tensors], shapes=[list(t.shape) for t in b.tensors],
                                 group_name=self.group_name, load_format="flattened_bucket", flush_cache=False)
+        fp.hit("transport.send")
         torch.distributed.broadcast(flat, src=0, group=self.pg)
         t1 = time.perf_counter()
         fut.result(timeout=self.timeout_s)
@@ -117,13 +150,14 @@ class Distributed:
             finally:
                 torch.distributed.destroy_process_group(self.pg)
                 self.pg = None
+                self._pool.shutdown(wait=False)
 
 
-def make(name: str):
+def make(name: str, timeout_s: float = 120.0):
     if name == "per-tensor":
         return PerTensor()
     if name == "colocated":
         return Colocated()
     if name == "distributed":
-        return Distributed()
+        return Distributed(timeout_s=timeout_s)
     raise ValueError(f"transport={name!r} is invalid: expected one of {', '.join(TRANSPORTS)}")

@@ -55,11 +55,15 @@ class Trainer:
     def train_step(self, tokens, loss_mask, weights=None, mtp_only: bool = False) -> dict:
         return self._one("train_step", tokens, loss_mask, weights, mtp_only)
 
+    def set_lr(self, lr: float) -> None:
+        self._all("set_lr", lr)
+
     def forward(self, tokens) -> dict:
         return self._one("forward", tokens)
 
-    def sync(self, engine, cfg, engine_spec: dict | None = None, weight_version: str | None = None) -> dict:
-        return self._one("sync", engine, cfg, engine_spec, weight_version)
+    def sync(self, engine, cfg, engine_spec: dict | None = None, weight_version: str | None = None,
+             exclude: tuple[str, ...] = ()) -> dict:
+        return self._one("sync", engine, cfg, engine_spec, weight_version, exclude=tuple(exclude))
 
     def greedy(self, input_ids: list[list[int]], max_new_tokens: int, eos_id: int | None = None) -> list[list[int]]:
         """Greedy continuation with the trainer's own Megatron forward (the reference the engine must match)."""

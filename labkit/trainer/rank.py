@@ -76,8 +76,13 @@ class TrainerRank:
                    bucket_size=None)
         models = bridge.get_model(bf16=dtype is torch.bfloat16, wrap_with_ddp=True, ddp_config=ddp)
         bridge.load_weights(models, model_dir)
-        cfg = OptimizerConfig(optimizer="adam", lr=self.train_cfg.lr, weight_decay=self.train_cfg.weight_decay,
-                              clip_grad=self.train_cfg.clip_grad, bf16=dtype is torch.bfloat16,
+        from labkit.mtp.loss import detach_trunk, freeze_mtp
+
+        frozen = sum(freeze_mtp(m) for m in models) if self.train_cfg.mtp_loss_scale == 0 else 0
+        self.hooks = [h for m in models for h in detach_trunk(m)] if self.train_cfg.mtp_detach else []
+        cfg = OptimizerConfig(optimizer=self.train_cfg.optimizer, lr=self.train_cfg.lr, weight_decay=self.train_cfg.weight_decay,
+                              clip_grad=self.train_cfg.clip_grad, adam_beta2=self.train_cfg.adam_beta2,
+                              bf16=dtype is torch.bfloat16,
                               params_dtype=dtype, use_distributed_optimizer=False)
         with compat.optimizer_scope():
             self.optimizer = get_megatron_optimizer(cfg, models)
@@ -86,7 +91,8 @@ class TrainerRank:
         mcfg.grad_scale_func = self.optimizer.scale_loss
         self.models, self.bridge, self.model_dir = models, bridge, model_dir
         n = sum(p.numel() for m in models for p in m.parameters())
-        return {"rank": self.rank, "params": n, "mtp_layers": mcfg.mtp_num_layers or 0, "compat": self.compat}
+        return {"rank": self.rank, "params": n, "mtp_layers": mcfg.mtp_num_layers or 0, "compat": self.compat,
+                "mtp_frozen_tensors": frozen, "mtp_detached": bool(self.hooks)}
 
     @property
     def _is_output_rank(self) -> bool:
@@ -99,7 +105,9 @@ class TrainerRank:
                    mtp_only: bool = False) -> dict | None:
         """One optimizer step on next-token loss over `loss_mask` positions (+ Megatron's MTP loss).
 
-        `weights` scales each sequence's token losses (advantages in RL). Returns metrics on the output rank.
+        `weights` scales each sequence's token losses (advantages in RL); the MTP loss always sees the plain
+        mask (the draft imitates every response token, good or bad). `mtp_only` zeroes the policy loss.
+        Returns metrics on the output rank.
         """
         from megatron.core.pipeline_parallel import get_forward_backward_func
         from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
@@ -114,7 +122,8 @@ class TrainerRank:
         n_micro = min(self.train_cfg.micro_batches, tokens.shape[0])
         micro = [{k: v.chunk(n_micro)[i] for k, v in batch.items()} for i in range(n_micro)]
         out = get_forward_backward_func()(
-            forward_step_func=partial(_forward_step, total_tokens=float(batch["loss_mask"].sum().clamp(min=1))),
+            forward_step_func=partial(_forward_step, total_tokens=float(batch["loss_mask"].sum().clamp(min=1)),
+                                      policy_scale=0.0 if mtp_only else 1.0),
             data_iterator=iter(micro), model=self.models, num_microbatches=n_micro,
             seq_length=tokens.shape[1], micro_batch_size=micro[0]["tokens"].shape[0], forward_only=False)
         with compat.optimizer_scope():
@@ -128,6 +137,11 @@ class TrainerRank:
         loss = sum(float(o["lm loss"]) for o in out)
         return {"train/loss": loss, "mtp/loss": mtp_loss, "train/grad_norm": float(grad_norm or 0.0),
                 "train/update_ok": bool(ok)}
+
+    def set_lr(self, lr: float) -> None:
+        """Learning rate for the next steps (schedules live in the caller)."""
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
 
     # ---------------------------------------------------------------- forward
     @torch.no_grad()
@@ -156,8 +170,12 @@ class TrainerRank:
         return out if self.rank == 0 else None
 
 
-    def sync(self, engine, cfg, engine_spec: dict | None = None, weight_version: str | None = None) -> dict | None:
-        """Push this trainer's weights into `engine` (labkit.sync). Every rank must call it; rank 0 returns metrics."""
+    def sync(self, engine, cfg, engine_spec: dict | None = None, weight_version: str | None = None,
+             exclude: tuple[str, ...] = ()) -> dict | None:
+        """Push this trainer's weights into `engine` (labkit.sync). Every rank must call it; rank 0 returns metrics.
+
+        `exclude`: name substrings left out of the sync (e.g. the MTP draft, to study an unsynced draft).
+        """
         from labkit.sync.session import Syncer
         from labkit.trainer.bridge import export_unique
 
@@ -165,9 +183,10 @@ class TrainerRank:
         try:
             if self.rank != 0:
                 return None
-            if getattr(self, "syncer", None) is None:
-                self.syncer = Syncer()
-            return self.syncer.run(gen, engine, cfg, engine_spec, weight_version)
+            syncers = self.__dict__.setdefault("syncers", {})  # one replayed plan per tensor subset
+            syncer = syncers.setdefault(tuple(exclude), Syncer())
+            named = gen if not exclude else ((n, t) for n, t in gen if not any(x in n for x in exclude))
+            return syncer.run(named, engine, cfg, engine_spec, weight_version)
         finally:
             # Whatever happened on rank 0, finish the export so no other rank waits in a collective forever.
             try:
@@ -182,20 +201,21 @@ def _make_batch(tokens, loss_mask, weights):
     labels = torch.roll(tokens, -1, dims=1)
     mask = torch.roll(loss_mask.float(), -1, dims=1)  # mask marks *target* tokens; predictor is one to the left
     mask[:, -1] = 0.0
-    if weights is not None:
-        mask = mask * weights.float().view(-1, 1)
+    w = mask if weights is None else mask * weights.float().view(-1, 1)
     pos = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens).contiguous()
-    return {"tokens": tokens, "labels": labels, "loss_mask": mask, "position_ids": pos}
+    return {"tokens": tokens, "labels": labels, "loss_mask": mask, "weights": w, "position_ids": pos}
 
 
-def _forward_step(data_iterator, model, total_tokens: float):
+def _forward_step(data_iterator, model, total_tokens: float, policy_scale: float = 1.0):
     b = next(data_iterator)
+    # Megatron uses loss_mask only for the MTP loss; the policy loss below applies the per-sequence weights.
     out = model(b["tokens"], b["position_ids"], None, labels=b["labels"], loss_mask=b["loss_mask"])
 
     def loss_func(output_tensor):
-        # Normalise by the whole batch's token count so micro-batching and PP give the same loss.
-        loss = (output_tensor.float() * b["loss_mask"]).sum() / total_tokens
-        return loss, {"lm loss": loss.detach()}
+        # Normalise by the whole batch's token count (not the weighted sum: advantages sum to ~0 per group) so
+        # micro-batching and PP give the same loss.
+        loss = (output_tensor.float() * b["weights"]).sum() / total_tokens
+        return loss * policy_scale, {"lm loss": loss.detach()}
 
     return out, loss_func
 

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 QUICK = {
     "01_weight_update": {"STEPS": 1, "BUCKET_MB": 0.25},
     "02_rollout": {"N_PROMPTS": 8, "STEPS": 2},
-    "03_acceptance_rate": {"SOURCE": "offline", "STEPS": 1, "EVAL_N": 32},
+    "03_acceptance_rate": {"QUICK": True, "ARMS": "trained"},
     "04_bucket_tuning": {"MIN_MB": 0.0625, "MAX_MB": 0.5, "MEMORY_BUDGET_MB": 1.0, "REPEATS": 1, "MAX_TRIALS": 2,
                          "STEPS": 0},
 }
@@ -71,15 +71,13 @@ def test_02_rollout_logprobs_agree_after_sync(out_root):
     assert _has_plotly(nb) and (d / "logprob_agreement.html").exists()
 
 
-def test_03_acceptance_offline_arms(out_root):
+def test_03_acceptance_under_rl(out_root):
     m = _run("03_acceptance_rate", out_root)
-    assert m["accept/source"] == "offline-teacher-forced" and m["accept/steps"] == 1
-    for arm in ("joint", "frozen_draft"):
-        assert 1.0 <= m[f"accept/{arm}/length"] <= 2.0  # one MTP head: at most one accepted draft
-        assert 0.0 <= m[f"accept/{arm}/rate_pos1"] <= 1.0 and m[f"accept/{arm}/positions"] > 0
-    # Both arms start from the same checkpoint, so step 0 is the same estimate.
-    assert m["accept/joint/length_first"] == m["accept/frozen_draft/length_first"]
-    assert (_outputs(m, "03_acceptance_rate")[0] / "acceptance.html").exists()
+    assert m["mtp/steps"] == 2 and m["mtp/k"] == 1
+    assert 0.0 <= m["mtp/final_accept_rate_trained"] <= 1.0 and 1.0 <= m["mtp/final_accept_length_trained"] <= 2.0
+    assert 0.0 <= m["mtp/final_reward_trained"] <= 1.0 and m["mtp/offline_vs_measured_rel_err"] >= 0.0
+    d, nb = _outputs(m, "03_acceptance_rate")
+    assert _has_plotly(nb) and (d / "acceptance.html").exists()
 
 
 def test_04_bucket_sweep_and_autotune(out_root):

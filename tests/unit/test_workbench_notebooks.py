@@ -101,8 +101,9 @@ def test_figures_build_and_save(tmp_path):
                                    for k in range(16, 22)], 1 << 19, 4 << 20,
                                   trials=[{"bucket_bytes": 1 << 19, "seconds": 0.05}]),
         "curves": viz.curves([{"step": i, "train/loss": 1.0 / (i + 1), "mtp/loss": 2.0} for i in range(3)]),
-        "accept": viz.acceptance([{"arm": a, "step": s, "accept/length": 1.5, "accept/rate_pos1": 0.5}
-                                  for a in ("joint", "frozen_draft") for s in range(3)]),
+        "accept": viz.acceptance([{"arm": a, "step": s, "mtp/accept_rate": 0.5, "mtp/accept_rate_pos_1": 0.5,
+                                   "mtp/accept_length": 1.5, "mtp/offline_accept_rate": 0.48, "train/reward": 0.1}
+                                  for a in ("frozen", "trained") for s in range(3)]),
         "logprobs": viz.logprob_agreement({"synced": {"trainer": [-0.1, -2.0], "engine": [-0.1, -2.0]}}),
         "summary": viz.sweep_summary([{"X": 1, "t": 0.2}, {"X": 2, "t": 0.1}], "X", ["t"]),
     }

@@ -1,0 +1,74 @@
+"""The MTP loss during RL with the trunk detached: the draft learns the policy; the policy never learns from the draft.
+
+Megatron-core 0.16.1 has no `mtp_detach_heads` (upstream PR #3456, 2026-06), so these forward hooks do what
+it does, on any GPTModel with an MTP block:
+  - the first MTP layer reads the trunk's hidden states detached;
+  - every MTP layer re-embeds its shifted tokens through the shared embedding, detached;
+  - the MTP logits use a detached output weight.
+MTP-loss gradients then reach only the MTP layers' own parameters (enorm, hnorm, eh_proj, the layer, its final
+norm). The main logits still come from the attached trunk, so the policy loss is untouched.
+
+Left alone: Megatron clips the global grad norm over all parameters, so a large MTP gradient can still shrink
+the policy's update through the clip coefficient (upstream gives MTP its own norm group, PR #4116).
+"""
+
+from __future__ import annotations
+
+
+class _Detached:
+    """Calls the shared embedding and detaches its output (the MTP layer only ever calls it)."""
+
+    def __init__(self, embedding):
+        self.embedding = embedding
+
+    def __call__(self, *args, **kwargs):
+        return self.embedding(*args, **kwargs).detach()
+
+
+def detach_trunk(model) -> list:
+    """Install the hooks on one model chunk (DDP-wrapped or not); returns the hook handles (empty without MTP)."""
+    from megatron.core.utils import unwrap_model
+
+    inner = unwrap_model(model)
+    if not getattr(inner, "mtp_process", False) or not inner.config.mtp_num_layers:
+        return []
+    layers = inner.mtp.layers
+
+    def first_layer(module, args, kwargs):
+        kwargs["hidden_states"] = kwargs["hidden_states"].detach()
+        return args, kwargs
+
+    def each_layer(module, args, kwargs):
+        if kwargs.get("embedding") is not None:
+            kwargs["embedding"] = _Detached(kwargs["embedding"])
+        return args, kwargs
+
+    # GPTModel calls output_layer once per MTP depth right after the MTP block, then once for the main
+    # logits: arm a counter when the block runs so exactly the MTP calls get the detached weight.
+    pending = [0]
+
+    def armed(module, args, output):
+        pending[0] = inner.config.mtp_num_layers
+
+    def output_layer(module, args, kwargs):
+        if pending[0] > 0:
+            pending[0] -= 1
+            w = kwargs.get("weight")
+            kwargs["weight"] = (module.weight if w is None else w).detach()
+        return args, kwargs
+
+    handles = [layers[0].register_forward_pre_hook(first_layer, with_kwargs=True)]
+    handles += [layer.register_forward_pre_hook(each_layer, with_kwargs=True) for layer in layers]
+    handles.append(inner.mtp.register_forward_hook(armed))
+    handles.append(inner.output_layer.register_forward_pre_hook(output_layer, with_kwargs=True))
+    return handles
+
+
+def freeze_mtp(model) -> int:
+    """Take the MTP layers out of training (no grad, so the optimizer never sees them); returns how many tensors."""
+    n = 0
+    for name, p in model.named_parameters():
+        if ".mtp." in f".{name}":
+            p.requires_grad_(False)
+            n += 1
+    return n

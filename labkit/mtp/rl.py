@@ -1,0 +1,160 @@
+"""GRPO-style RL on the arithmetic task, with the MTP draft trained alongside and synced after every step.
+
+One `step`: rollouts from the SGLang engine (a group of samples per prompt) -> exact-answer rewards ->
+group-normalised advantages -> one trainer forward on the rollouts (train-vs-rollout KL, and the offline
+acceptance estimate from the same logits) -> one optimizer step: policy loss weighted by the advantages, plus
+the MTP loss on the response tokens with the trunk detached -> weight sync.
+
+A single on-policy update per batch makes GRPO's importance ratio 1, so the clipped objective reduces to
+advantage-weighted log-likelihood; no reference-model KL term (the task needs none).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from labkit.config import check
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class RLConfig:
+    prompts: int = 32  # prompts per step
+    group: int = 8  # samples per prompt: the GRPO group
+    temperature: float = 1.0
+    max_new_tokens: int = 5  # "198" + EOS fits; longer answers are wrong anyway
+    lr: float = 5e-5  # Adam without the pretraining state: larger steps first undo the checkpoint
+    warmup: int = 5  # linear lr warmup: Adam's first steps are sign steps of size lr on every noisy coordinate
+    mtp_loss_scale: float = 1.0  # the MTP layers only see MTP gradients (detached), so this is their loss weight
+
+    def __post_init__(self) -> None:
+        check(isinstance(self.warmup, int) and self.warmup >= 0, "warmup", self.warmup, "an integer >= 0")
+        for f in ("prompts", "group", "max_new_tokens"):
+            v = getattr(self, f)
+            check(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f, v, "an integer >= 1")
+        check(self.group >= 2, "group", self.group, "an integer >= 2 (advantages are normalised within a group)")
+        check(isinstance(self.temperature, (int, float)) and self.temperature > 0, "temperature", self.temperature,
+              "> 0 (RL samples; greedy groups carry no signal)")
+        check(isinstance(self.lr, (int, float)) and 0 < self.lr < 1, "lr", self.lr, "a float in (0, 1)")
+        check(isinstance(self.mtp_loss_scale, (int, float)) and self.mtp_loss_scale >= 0,
+              "mtp_loss_scale", self.mtp_loss_scale, ">= 0")
+
+
+def advantages(rewards: list[float], group: int) -> list[float]:
+    """(r - mean) / (std + eps) within each consecutive group of `group` samples; all-equal groups give 0."""
+    check(len(rewards) % group == 0, "rewards", len(rewards), f"a multiple of group={group}")
+    out = []
+    for g in range(0, len(rewards), group):
+        rs = rewards[g:g + group]
+        mean = sum(rs) / group
+        std = math.sqrt(sum((r - mean) ** 2 for r in rs) / group)
+        out += [(r - mean) / (std + 1e-6) for r in rs]
+    return out
+
+
+def rollout(engine, problems, cfg: RLConfig) -> list[dict]:
+    """`cfg.group` samples per problem from the engine, with the engine's per-token log-probs and the reward."""
+    from labkit.models.tokenizer import encode
+    from labkit.tasks import arith
+
+    items = [p for p in problems for _ in range(cfg.group)]
+    ids = [encode(p.prompt) for p in items]
+    outs = engine.generate(input_ids=ids, return_logprob=True,
+                           sampling={"temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens})
+    return [{"problem": p, "prompt_ids": i, "tokens": o["tokens"], "logprobs": o["logprobs"],
+             "reward": arith.reward(p, o["text"]), "weight_version": o["meta_info"].get("weight_version")}
+            for p, i, o in zip(items, ids, outs)]
+
+
+def to_batch(rows: list[dict]):
+    """Right-padded prompt + completion ids [b, s], and masks [b, s]: every completion token, and the ones a
+    draft proposes (all but the first, which the prefill emits)."""
+    import torch
+
+    from labkit.models.tokenizer import PAD
+
+    seqs = [r["prompt_ids"] + r["tokens"] for r in rows]
+    tokens = torch.full((len(seqs), max(map(len, seqs))), PAD, dtype=torch.long)
+    mask = torch.zeros_like(tokens)
+    for i, (r, s) in enumerate(zip(rows, seqs)):
+        tokens[i, : len(s)] = torch.tensor(s)
+        mask[i, len(r["prompt_ids"]): len(s)] = 1
+    drafted = mask.clone()
+    for i, r in enumerate(rows):
+        drafted[i, len(r["prompt_ids"])] = 0
+    return tokens, mask, drafted
+
+
+def rollout_kl(logits, rows: list[dict]) -> dict:
+    """KL(rollout || trainer) over the sampled tokens (k1 estimator) and the largest |log-prob| gap.
+
+    Right after a verified sync both sides hold the same bits, so this is float noise; a stale or
+    half-updated engine shows up here first.
+    """
+    import torch
+
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    diffs = []
+    for i, r in enumerate(rows):
+        p = len(r["prompt_ids"])
+        for j, (t, lp) in enumerate(zip(r["tokens"], r["logprobs"] or [])):
+            diffs.append(lp - float(logp[i, p + j - 1, t]))  # logits at p+j-1 predict token p+j
+    return {"train/rollout_kl": sum(diffs) / max(1, len(diffs)),
+            "train/rollout_logprob_max_abs_diff": max((abs(d) for d in diffs), default=0.0)}
+
+
+def greedy_accuracy(engine, problems, max_new_tokens: int = 5) -> float:
+    """Exact-answer rate of the engine's greedy answers (held-out prompts: the policy's accuracy)."""
+    from labkit.models.tokenizer import encode
+    from labkit.tasks import arith
+
+    outs = engine.generate(input_ids=[encode(p.prompt) for p in problems],
+                           sampling={"temperature": 0.0, "max_new_tokens": max_new_tokens})
+    return sum(arith.reward(p, o["text"]) for p, o in zip(problems, outs)) / len(problems)
+
+
+def lr_at(cfg: RLConfig, step: int) -> float:
+    return cfg.lr * min(1.0, (step + 1) / cfg.warmup) if cfg.warmup else cfg.lr
+
+
+def step(trainer, engine, problems, cfg: RLConfig, *, step_index: int = 0, eval_problems=None, train: bool = True,
+         sync_cfg=None,
+         exclude: tuple[str, ...] = (), spec_temperature: float = 1.0, spec_k: int = 1) -> dict:
+    """One RL step; returns its metrics. `train=False` measures only (the last point of a run).
+
+    train/reward: mean reward of this step's rollouts; train/accuracy: greedy accuracy on `eval_problems`;
+    mtp/offline_accept_rate: the depth-1 acceptance a k-draft loop would see, from this step's forward
+    (`offline_loop_rate`; `..._plain` weighs every drafted response token the same).
+    """
+    import torch
+
+    from labkit.mtp.acceptance import offline_accept_rate, offline_loop_rate
+
+    rows = rollout(engine, problems, cfg)
+    rewards = [r["reward"] for r in rows]
+    tokens, mask, drafted = to_batch(rows)
+    out = trainer.forward(tokens)
+    m = {"train/reward": sum(rewards) / len(rewards),
+         "train/accuracy": greedy_accuracy(engine, eval_problems or problems, cfg.max_new_tokens),
+         "rollout/weight_version": rows[0]["weight_version"],
+         **rollout_kl(out["logits"], rows)}
+    if out["mtp_logits"]:  # the offline acceptance estimate comes free with this forward
+        mtp = out["mtp_logits"][0]
+        plain, _ = offline_accept_rate(out["logits"], mtp, drafted, spec_temperature)
+        rate, drafts = offline_loop_rate(out["logits"], mtp, [len(r["prompt_ids"]) for r in rows],
+                                         [len(r["tokens"]) for r in rows], spec_temperature, spec_k)
+        m.update({"mtp/offline_accept_rate": rate, "mtp/offline_accept_rate_plain": plain,
+                  "mtp/offline_drafts": drafts})
+    if not train:
+        return m
+    adv = torch.tensor(advantages(rewards, cfg.group))
+    trainer.set_lr(lr_at(cfg, step_index))
+    t = trainer.train_step(tokens, mask, weights=adv)
+    m.update({"train/loss": t["train/loss"], "mtp/loss": t["mtp/loss"], "train/grad_norm": t["train/grad_norm"]})
+    from labkit.sync import SyncConfig, sync
+
+    s = sync(trainer, engine, sync_cfg or SyncConfig(progress=False), exclude=exclude)
+    m.update({"sync/verified": s.get("sync/verified"), "sync/weight_version": s.get("sync/weight_version"),
+              "timing/sync/total": s.get("timing/sync/total")})
+    return m
+

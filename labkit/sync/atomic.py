@@ -1,0 +1,243 @@
+"""Atomic weight updates: a sync lands completely, verified, with its new weight_version, or the engine is
+brought back to the previous weights bitwise before it serves anything again.
+
+Why this design (SGLang 0.5.23; the same on CPU and GPU):
+
+- SGLang's weight-update session (begin/end_weight_update) only brackets the loads. It does not stop
+  generation, and it has no rollback: a load that fails half-way leaves "the full weights ... partially
+  updated" (SGLang's own message). So labkit closes a gate itself: `pause_generation` before the first byte
+  (the Ray actor then refuses generate; an HTTP server holds requests) and `continue_generation` only once
+  the engine's checksums equal the new version (verified) or the last good one (restored).
+- Rollback needs the old bytes, from somewhere that survives the fault. Reading them back from the engine
+  is slow and impossible once it died; a checkpoint on disk per step is slow. The syncer instead writes a
+  host copy of every tensor as it sends it (labkit.sync.lastgood, tmpfs files: one memcpy per byte,
+  `timing/sync/stage`); after a verified sync that copy becomes the last good version. Cost: one model in
+  host memory (two while a sync runs). Files, not the trainer's heap: the copy survives a killed trainer.
+- The first sync has no copy yet: the engine's model dir is the last good version when its bytes hash to
+  the engine's checksums (the usual case), else labkit reads the weights back from the engine once.
+- On any failure: kill a trainer that missed the deadline or was interrupted (Ctrl-C) mid-sync (fencing: a
+  late bucket from it could land inside the restore or the next session), restart an engine whose process died or stopped answering (from its model dir), close
+  the session, push the last good copy in one session, tag its weight_version, and compare the engine's
+  checksums with those taken before the sync. Only then continue generation. If that fails too, the engine
+  stays paused and SyncFailed says so: it never serves weights labkit cannot name.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from labkit.engine.errors import EngineError, EngineUnreachable
+from labkit.sync import lastgood
+from labkit.sync import verify as vf
+
+RESTORE_CHUNK_BYTES = 64 << 20  # restore pushes this much per update call
+
+
+class SyncFailed(RuntimeError):
+    """The sync did not land. `.restored` says whether the engine serves the last good weights again;
+    `.metrics` has what happened (cause, restore seconds, restarted engine, trainer alive)."""
+
+    def __init__(self, message: str, metrics: dict):
+        super().__init__(message)
+        self.metrics = metrics
+        self.restored = bool(metrics.get("sync/restored"))
+
+
+def guard_for(engine) -> Guard:
+    g = getattr(engine, "_guard", None)
+    if g is None:
+        g = engine._guard = Guard(engine)
+    return g
+
+
+class Guard:
+    """One per engine handle: the last good copy and the sync protocol around it."""
+
+    def __init__(self, engine, root: str | None = None):
+        self.engine, self.store, self.synced = engine, lastgood.Store(root), 0
+
+    def close(self) -> None:
+        self.store.close()
+
+    # --- the protocol --------------------------------------------------------------------------------------
+    def sync(self, trainer, cfg, spec: dict, weight_version: str | None = None, exclude: tuple = ()) -> dict:
+        t0 = time.perf_counter()
+        engine, dtype = self.engine, spec.get("dtype", "float32")
+        try:
+            before, v_before = engine.checksums(), engine.weight_version
+        except EngineUnreachable:  # died since the last sync: bring back what it served, then go on
+            if self.store.good is None:
+                raise
+            good = self.store.good
+            self.restore(good["checksums"], good["version"], dtype, cfg.timeout_s)
+            before, v_before = engine.checksums(), engine.weight_version
+        self._ensure_last_good(before, v_before, dtype, spec)
+        version = weight_version or f"v{self.synced + 1}"
+        staging = self.store.staging()
+        t_guard = time.perf_counter() - t0
+        try:
+            engine.pause_generation()
+            m = run_on_trainer(trainer, engine.portable(call_timeout_s=cfg.timeout_s),
+                               replace(cfg, stage_dir=staging), spec, version, cfg.deadline_s, exclude)
+            if m.get("sync/verified") is False:
+                raise EngineError(f"verification failed: {len(m['verify/mismatched'])} tensors differ "
+                                  f"(e.g. {m['verify/mismatched'][:3]}), {len(m['verify/missing'])} missing")
+        except BaseException as e:
+            self.store.discard(staging)
+            raise self._fail(e, before, v_before, version, dtype, time.perf_counter() - t0, cfg) from None
+        t1 = time.perf_counter()
+        after = engine.checksums()
+        self.store.promote(staging, version, after)
+        engine.continue_generation()
+        self.synced += 1
+        m["timing/sync/guard"] = round(t_guard + time.perf_counter() - t1, 6)
+        m.update({"sync/atomic": True, "sync/restored": False, "timing/sync/total_guarded":
+                  round(time.perf_counter() - t0, 6)})
+        return m
+
+    def _ensure_last_good(self, before: dict, v_before: str, dtype: str, spec: dict) -> None:
+        """Make sure a host copy of what the engine serves now exists (the rollback target)."""
+        good = self.store.good
+        if good is not None and good["checksums"] == before:
+            return
+        model_dir = self.engine.cfg.model_dir
+        if vf.expected_checksums(lastgood.model_dir_tensors(model_dir, dtype)) == before:
+            self.store.adopt_model_dir(model_dir, v_before, before)
+            return
+        # Someone changed the weights outside labkit's syncs: read them back once (slow, but exact).
+        named = {n: self.engine.get_tensor(n).to(lastgood.bk.torch_dtype(dtype)) for n in spec["tensors"]}
+        if vf.expected_checksums(named) != before:
+            raise EngineError("cannot take a bitwise copy of the weights the engine serves now (its read-back "
+                              "does not hash to its checksums): refusing to sync without a rollback target")
+        path = lastgood.write(self.store.staging(), named, v_before)
+        self.store.promote(path, v_before, before)
+
+    def _fail(self, err: BaseException, before: dict, v_before: str, version: str, dtype: str, took: float,
+              cfg) -> SyncFailed:
+        t0 = time.perf_counter()
+        cause = _cause(err)
+        m = {"sync/atomic": True, "sync/weight_version_attempted": version, "sync/error": cause,
+             "sync/trainer_alive": not isinstance(err, TrainerDied), "sync/engine_restarted": False,
+             "timing/sync/failed_after": round(took, 6)}
+        try:
+            restarted = self.restore(before, v_before, dtype, cfg.timeout_s)
+            m.update({"sync/restored": True, "sync/engine_restarted": restarted,
+                      "sync/weight_version": v_before})
+            state = f"the engine serves {v_before!r} again (bitwise, {len(before)} tensors checked)"
+            if restarted:
+                state += " after a restart from its model dir"
+        except BaseException as e2:  # the gate stays closed: generate is refused until a restore succeeds
+            m.update({"sync/restored": False, "sync/restore_error": _cause(e2)})
+            state = f"restoring the last good weights failed too ({_cause(e2)}); the engine stays PAUSED"
+        m["timing/sync/restore"] = round(time.perf_counter() - t0, 6)
+        if isinstance(err, KeyboardInterrupt):  # interrupted: the trainer was fenced like a hung one
+            m["sync/trainer_alive"] = False
+        hint = "; the trainer is gone: start a new one" if not m["sync/trainer_alive"] else ""
+        return SyncFailed(f"sync to {version!r} failed: {cause}; {state}{hint}", m)
+
+    def restore(self, before: dict, v_before: str, dtype: str, timeout_s: float) -> bool:
+        """Bring the engine back to the weights whose checksums are `before`; True if it was restarted."""
+        probe = self.engine.portable(call_timeout_s=timeout_s)
+        try:
+            alive = probe.health()
+        except EngineError:
+            alive = False
+        if alive:
+            try:
+                self._restore_into(probe, before, v_before, dtype, restarted=False)
+                return False
+            except EngineUnreachable:  # answers /health but not the calls that matter: wedged
+                pass
+        # Dead, or wedged behind a call that never returns: only a new process helps.
+        self.engine.restart()
+        self._restore_into(self.engine, before, v_before, dtype, restarted=True)
+        return True
+
+    def _restore_into(self, engine, before: dict, v_before: str, dtype: str, restarted: bool) -> None:
+        engine.pause_generation()
+        if not restarted:
+            for step in (engine.end_weight_update, lambda: engine.destroy_weights_update_group(
+                    "labkit_weight_update")):
+                try:  # an open session or a half-built group left by the failed sync; absent is fine
+                    step()
+                except EngineUnreachable:
+                    raise
+                except EngineError:
+                    pass
+        if engine.checksums() != before:
+            self._push(engine, self.store.tensors(dtype))
+        engine.set_weight_version(v_before)
+        now = engine.checksums()
+        if now != before:
+            bad = sorted(n for n in before if now.get(n) != before[n])
+            raise EngineError(f"restored weights differ from the last good ones: {bad[:3]}")
+        self.engine.continue_generation()
+
+    @staticmethod
+    def _push(engine, named: dict) -> None:
+        engine.begin_weight_update()
+        try:
+            chunk, size = [], 0
+            for n, t in named.items():
+                chunk.append((n, t))
+                size += t.numel() * t.element_size()
+                if size >= RESTORE_CHUNK_BYTES:
+                    engine.update_weights_from_tensor(chunk, flush_cache=False)
+                    chunk, size = [], 0
+            if chunk:
+                engine.update_weights_from_tensor(chunk, flush_cache=False)
+        finally:
+            engine.end_weight_update()
+        engine.flush_cache()  # no KV computed from the failed version's weights may be reused
+
+
+class TrainerDied(RuntimeError):
+    pass
+
+
+class TrainerTimeout(TrainerDied):
+    pass
+
+
+def run_on_trainer(trainer, engine, cfg, spec: dict, version: str, deadline_s: float, exclude: tuple = ()) -> dict:
+    """`trainer.sync` with a deadline: a trainer that misses it is killed (fencing) and TrainerTimeout raised."""
+    import ray
+
+    kw = {"exclude": tuple(exclude)} if exclude else {}
+    refs = [a.sync.remote(engine, cfg, spec, version, **kw) for a in trainer.actors]
+    try:
+        _, pending = ray.wait(refs, num_returns=len(refs), timeout=deadline_s)
+    except BaseException:  # Ctrl-C in a notebook: the trainer would go on pushing buckets into the restore
+        _fence(trainer)
+        raise
+    if pending:
+        _fence(trainer)
+        raise TrainerTimeout(f"the trainer did not finish the sync within deadline_s={deadline_s:g} s; "
+                             "killed it so that no late bucket can reach the engine")
+    try:
+        results = ray.get(refs)
+    except ray.exceptions.RayActorError as e:
+        raise TrainerDied(f"a trainer actor died during the sync ({_cause(e)})") from None
+    except ray.exceptions.RayTaskError as e:
+        raise e.as_instanceof_cause() if hasattr(e, "as_instanceof_cause") else e
+    return next(r for r in results if r is not None)
+
+
+def _fence(trainer) -> None:
+    import ray
+
+    for a in trainer.actors:
+        ray.kill(a, no_restart=True)
+
+
+def _cause(e: BaseException) -> str:
+    """One line: the exception raised inside the trainer (Ray wraps it), else the last line Ray reports."""
+    inner = getattr(e, "cause", None)
+    if isinstance(inner, BaseException):
+        first = (str(inner).strip().splitlines() or [""])[0]
+        return f"{type(inner).__name__}: {first}"[:400]
+    text = str(e).strip()
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(" ")]
+    last = lines[-1] if lines else type(e).__name__
+    return last if len(last) < 400 else last[:400] + "…"

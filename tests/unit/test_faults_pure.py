@@ -1,0 +1,157 @@
+"""Pure parts of the reliability layer: failpoints, the host copy format, trial planning, config validation,
+the pre-send tensor check and the rendezvous port retry (a real TCPStore on loopback, no Ray, no engine)."""
+
+import socket
+
+import pytest
+import torch
+
+from labkit.engine.errors import EngineError
+from labkit.engine.spec import check_update
+from labkit.faults import KINDS, QUICK_KINDS, FaultsConfig, plan_trials
+from labkit.sync import failpoints as fp
+from labkit.sync import lastgood
+from labkit.sync import verify as vf
+from labkit.sync.session import SyncConfig
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    fp.disarm()
+    yield
+    fp.disarm()
+
+
+def test_failpoint_fires_once_on_the_nth_hit():
+    fp.arm("sync.bucket", "raise", nth=3)
+    fp.hit("sync.bucket")
+    fp.hit("sync.bucket")
+    with pytest.raises(fp.FaultInjected, match="sync.bucket"):
+        fp.hit("sync.bucket")
+    fp.hit("sync.bucket")  # fired already: a failpoint is one fault
+    fp.hit("sync.end")  # not armed: nothing
+    assert fp.disarm() == {"sync.bucket": True}
+
+
+def test_failpoint_wait_writes_marker_and_returns_when_the_gate_goes(tmp_path):
+    import threading
+
+    marker, gate = tmp_path / "m", tmp_path / "g"
+    gate.touch()
+    fp.arm("sync.begin", "wait", marker=str(marker), gate=str(gate), limit_s=30)
+    th = threading.Thread(target=fp.hit, args=("sync.begin",))
+    th.start()
+    for _ in range(200):
+        if marker.exists():
+            break
+        th.join(0.05)
+    assert marker.exists() and th.is_alive()
+    gate.unlink()
+    th.join(5)
+    assert not th.is_alive()
+
+
+@pytest.mark.parametrize("kw,match", [({"point": "sync.nowhere", "action": "raise"}, "point="),
+                                      ({"point": "sync.end", "action": "explode"}, "action="),
+                                      ({"point": "sync.end", "action": "raise", "nth": 0}, "nth=0"),
+                                      ({"point": "sync.end", "action": "wait"}, "marker=")])
+def test_bad_failpoints_are_refused(kw, match):
+    with pytest.raises(ValueError, match=match):
+        fp.arm(**kw)
+
+
+def test_port_in_use_is_retried_on_another_port(monkeypatch):
+    """The rendezvous store binds before the engine hears the port: a squatter costs one retry, nothing else."""
+    from labkit.sync import transport
+
+    fp.arm("transport.open", "squat")
+    store, port, retries = transport.bind_store("127.0.0.1", 2, timeout_s=5)
+    assert retries == 1 and port > 0
+    store.set("k", "v")
+    assert store.get("k") == b"v"
+    del store
+
+
+def test_every_port_taken_names_the_ports(monkeypatch):
+    from labkit.sync import transport
+
+    held = []
+
+    def taken():
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        held.append(s)
+        return s.getsockname()[1]
+
+    monkeypatch.setattr("labkit.cluster.runtime.free_port", taken)
+    with pytest.raises(RuntimeError, match="were all in use"):
+        transport.bind_store("127.0.0.1", 2, timeout_s=5, attempts=2)
+    for s in held:
+        s.close()
+
+
+def test_host_copy_round_trips_bitwise_and_an_unfinished_one_is_not_a_copy(tmp_path):
+    named = {"a.weight": torch.randn(3, 5), "b.bias": torch.randn(7).to(torch.bfloat16),
+             "model.layers.0.self_attn.q_proj.weight": torch.randn(4, 4), "scalar": torch.tensor(2.0)}
+    w = lastgood.Writer(tmp_path / "c1")
+    w.add(dict(list(named.items())[:2]))
+    assert not lastgood.is_complete(tmp_path / "c1")  # a writer killed here leaves no usable copy
+    w.add(dict(list(named.items())[2:]))
+    w.finish("v7")
+    version, back = lastgood.load(tmp_path / "c1")
+    assert version == "v7" and set(back) == set(named)
+    for n, t in named.items():
+        assert back[n].dtype == t.dtype and torch.equal(back[n], t)
+    assert vf.expected_checksums(back) == vf.expected_checksums(named)
+
+
+def test_store_keeps_one_last_good_copy(tmp_path):
+    store = lastgood.Store(tmp_path)
+    p1 = lastgood.write(store.staging(), {"x": torch.ones(2)}, "v1")
+    store.promote(p1, "v1", {"x": "aa"})
+    p2 = lastgood.write(store.staging(), {"x": torch.zeros(2)}, "v2")
+    store.promote(p2, "v2", {"x": "bb"})
+    assert not (tmp_path / p1).exists() and lastgood.is_complete(p2)
+    assert torch.equal(store.tensors("float32")["x"], torch.zeros(2))
+    store.discard(p2)  # the last good copy is never discarded
+    assert lastgood.is_complete(p2)
+    store.close()
+    assert not store.root.exists()
+
+
+def test_trials_cover_every_kind_evenly_with_valid_points():
+    trials = plan_trials(20, seed=0)
+    counts = {k: sum(t.kind == k for t in trials) for k in KINDS}
+    assert len(trials) == 20 and min(counts.values()) >= 3 and max(counts.values()) <= 4
+    assert plan_trials(20, seed=0) == trials and plan_trials(20, seed=1) != trials
+    for t in trials:
+        if t.kind in ("peer_hang", "port_in_use"):
+            assert t.transport == "distributed"
+        if t.point == "transport.send":
+            assert t.transport == "distributed"
+        assert (t.point is None) == (t.kind == "bad_tensor")
+    assert {t.kind for t in plan_trials(3, 3, QUICK_KINDS)} == set(QUICK_KINDS)
+
+
+@pytest.mark.parametrize("kw,match", [({"trials": 0}, "trials=0"), ({"trials": 2.5}, "trials=2.5"),
+                                      ({"seed": -1}, "seed=-1"), ({"deadline_s": 0}, "deadline_s=0")])
+def test_bad_faults_config_is_refused_naming_the_value(kw, match):
+    with pytest.raises(ValueError, match=match):
+        FaultsConfig(**kw)
+
+
+@pytest.mark.parametrize("kw,match", [({"timeout_s": 0}, "timeout_s=0"), ({"deadline_s": -1}, "deadline_s=-1"),
+                                      ({"timeout_s": 60, "deadline_s": 30}, "deadline_s=30"),
+                                      ({"atomic": "yes"}, "atomic='yes'")])
+def test_bad_sync_timeouts_are_refused_naming_the_value(kw, match):
+    with pytest.raises(ValueError, match=match):
+        SyncConfig(**kw)
+
+
+def test_update_check_names_every_bad_tensor_before_sending():
+    spec = {"a.weight": (4, 4), "b.weight": (2,)}
+    check_update(spec, [("a.weight", (4, 4))], "update")
+    check_update(None, [("anything", (1,))], "update")  # a remote engine: nothing to check against
+    with pytest.raises(EngineError, match=r"'c.weight': not a weight.*'b.weight': shape \(3,\) != engine \(2,\)"):
+        check_update(spec, [("c.weight", (1,)), ("b.weight", (3,))], "update_weights_from_tensor")

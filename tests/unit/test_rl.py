@@ -1,0 +1,58 @@
+"""Pure parts of the MTP RL loop: advantages, batches, configs."""
+
+import math
+
+import pytest
+import torch
+
+from labkit.mtp.experiment import ExperimentConfig, with_overrides
+from labkit.mtp.rl import RLConfig, advantages, to_batch
+from labkit.trainer.rank import _make_batch
+
+
+def test_advantages_are_normalised_within_each_group():
+    adv = advantages([1, 0, 0, 0, 1, 1, 1, 1], group=4)
+    assert adv[4:] == [0.0] * 4  # an all-equal group carries no signal
+    assert math.isclose(sum(adv[:4]), 0.0, abs_tol=1e-9)
+    assert adv[0] > 0 > adv[1] and math.isclose(adv[0], math.sqrt(3), rel_tol=1e-5)
+
+
+def test_advantages_reject_a_ragged_batch():
+    with pytest.raises(ValueError, match="rewards=5"):
+        advantages([1, 0, 0, 0, 1], group=4)
+
+
+def test_to_batch_masks_completions_and_the_drafted_tokens():
+    rows = [{"prompt_ids": [5, 6, 7], "tokens": [8, 9, 2]}, {"prompt_ids": [5, 6], "tokens": [8]}]
+    tokens, mask, drafted = to_batch(rows)
+    assert tokens.tolist() == [[5, 6, 7, 8, 9, 2], [5, 6, 8, 0, 0, 0]]
+    assert mask.tolist() == [[0, 0, 0, 1, 1, 1], [0, 0, 1, 0, 0, 0]]
+    assert drafted.tolist() == [[0, 0, 0, 0, 1, 1], [0, 0, 0, 0, 0, 0]]  # the prefill emits the first token
+
+
+def test_policy_loss_is_normalised_by_tokens_not_by_the_advantage_sum():
+    tokens = torch.tensor([[5, 6, 7, 8], [5, 6, 7, 8]])
+    mask = torch.tensor([[0, 0, 1, 1], [0, 0, 1, 1]])
+    b = _make_batch(tokens, mask, torch.tensor([1.0, -1.0]))
+    assert float(b["weights"].sum()) == 0.0  # advantages cancel...
+    assert float(b["loss_mask"].sum()) == 4.0  # ...the MTP mask and the normaliser do not
+    assert b["weights"][1].tolist() == [0.0, -1.0, -1.0, 0.0]
+
+
+@pytest.mark.parametrize("bad, match", [(dict(group=1), "group=1"), (dict(temperature=0.0), "temperature=0.0"),
+                                        (dict(prompts=0), "prompts=0"), (dict(lr=2.0), "lr=2.0")])
+def test_rl_config_names_the_bad_value(bad, match):
+    with pytest.raises(ValueError, match=match):
+        RLConfig(**bad)
+
+
+@pytest.mark.parametrize("bad, match", [(dict(k=0), "k=0"), (dict(spec_temperature=-1.0), "spec_temperature=-1.0"),
+                                        (dict(arms=("trained", "nope")), "arms="), (dict(steps=0), "steps=0")])
+def test_experiment_config_names_the_bad_value(bad, match):
+    with pytest.raises(ValueError, match=match):
+        ExperimentConfig(**bad)
+
+
+def test_overrides_route_rl_fields():
+    cfg = with_overrides(ExperimentConfig(), steps=3, group=4, lr=None)
+    assert cfg.steps == 3 and cfg.rl.group == 4 and cfg.rl.lr == RLConfig().lr
