@@ -28,7 +28,8 @@ def test_json_has_every_arm_and_headline_key(quick):
         assert [r["step"] for r in rows] == [0, 1, 2]
         for r in rows:
             assert {"step", "accept_length", "accept_rate", "reward"} <= set(r)
-            assert 0.0 <= r["accept_rate"] <= 1.0 and 1.0 <= r["accept_length"] <= 2.0  # k = 1
+            # k = 1; SGLang counts the prefill token in completion_tokens, so a short answer can exceed k + 1
+            assert 0.0 <= r["accept_rate"] <= 1.0 and 1.0 <= r["accept_length"] <= 3.0
         for k in ("final_accept_rate", "final_reward"):
             assert 0.0 <= quick[f"mtp/{k}_{arm}"] <= 1.0
     for k in ("mtp/start_accept_rate", "mtp/offline_vs_measured_rel_err"):

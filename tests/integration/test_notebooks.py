@@ -74,7 +74,7 @@ def test_02_rollout_logprobs_agree_after_sync(out_root):
 def test_03_acceptance_under_rl(out_root):
     m = _run("03_acceptance_rate", out_root)
     assert m["mtp/steps"] == 2 and m["mtp/k"] == 1
-    assert 0.0 <= m["mtp/final_accept_rate_trained"] <= 1.0 and 1.0 <= m["mtp/final_accept_length_trained"] <= 2.0
+    assert 0.0 <= m["mtp/final_accept_rate_trained"] <= 1.0 and 1.0 <= m["mtp/final_accept_length_trained"] <= 3.0
     assert 0.0 <= m["mtp/final_reward_trained"] <= 1.0 and m["mtp/offline_vs_measured_rel_err"] >= 0.0
     d, nb = _outputs(m, "03_acceptance_rate")
     assert _has_plotly(nb) and (d / "acceptance.html").exists()
