@@ -169,9 +169,24 @@ def _beside(fn, *args):
     import threading
 
     box = {}
-    t = threading.Thread(target=lambda: box.update(out=fn(*args)), daemon=True)
+
+    def target():
+        try:
+            box["out"] = fn(*args)
+        except BaseException as e:  # re-raised in the joining thread, where pytest sees it
+            box["err"] = e
+
+    t = threading.Thread(target=target, daemon=True)
     t.start()
-    return lambda: (t.join(60), box["out"])[1]
+
+    def join():
+        t.join(60)
+        if "err" in box:
+            raise box["err"]
+        if t.is_alive():
+            raise TimeoutError(f"{getattr(fn, '__name__', fn)} still running after 60 s")
+        return box["out"]
+    return join
 
 
 def test_update_from_distributed_over_gloo(engine, engine_model_dir):
