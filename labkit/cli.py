@@ -54,7 +54,8 @@ def cmd_sync(args) -> int:
 def cmd_pretrain(args) -> int:
     from labkit.models.pretrain import DEFAULT_DIR, pretrain
 
-    _emit(pretrain(args.out or DEFAULT_DIR, steps=args.steps, progress=not args.json), args.json)
+    _emit(pretrain(args.out or DEFAULT_DIR, steps=args.steps, noise=args.noise, post_steps=args.post_steps,
+                   progress=not args.json), args.json)
     return 0
 
 
@@ -181,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(fn=cmd_tune)
 
     d = sub.add_parser("mtp-experiment", help="RL with the MTP draft: arms frozen/trained/unsynced, acceptance per step")
-    d.add_argument("--steps", type=int, default=None, help="RL steps per arm (default 30; --quick: 2)")
+    d.add_argument("--steps", type=int, default=None, help="RL steps per arm (default 40; --quick: 2)")
     d.add_argument("--arms", default=None, help="comma-separated subset of frozen,trained,unsynced")
     d.add_argument("--k", type=int, default=None, help="draft tokens per verify (default 1, MiMo's recipe)")
     d.add_argument("--temperature", type=float, default=None, help="speculative sampling temperature (default 1)")
@@ -211,7 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("pretrain", help="rebuild the shipped tiny MiMo checkpoint (data/tiny-mimo)")
     d.add_argument("--out", default=None)
-    d.add_argument("--steps", type=int, default=800)
+    d.add_argument("--steps", type=int, default=2400)
+    d.add_argument("--noise", type=float, default=0.25, help="probability an answer digit in the corpus is wrong")
+    d.add_argument("--post-steps", type=int, default=600, help="trunk-only post-training steps (the draft goes stale)")
     d.add_argument("--json", action="store_true")
     d.set_defaults(fn=cmd_pretrain)
     return p

@@ -24,7 +24,7 @@ from pathlib import Path
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 SUMMARY_KEYS = ("timing/sync/total", "sync/gbps", "sync/peak_extra_bytes", "rollout/reward_after",
-                "rollout/logprob_max_abs_diff_synced", "accept/joint/length", "tune/best_seconds")
+                "rollout/logprob_max_abs_diff_synced", "mtp/final_accept_rate_trained", "tune/best_seconds")
 
 
 class NotebookError(RuntimeError):

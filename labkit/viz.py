@@ -156,6 +156,19 @@ def acceptance(history: list[dict], title: str = "MTP draft acceptance under RL"
     return fig
 
 
+def per_position(m: dict, title: str = "Speculative decoding with the MTP draft") -> go.Figure:
+    """P(draft i accepted | drafts < i were), bars, from `labkit.mtp.experiment.speculate` metrics; the title
+    carries accept length measured vs the theory E = (1 - a^(k+1)) / (1 - a) at the depth-1 rate."""
+    go = _go()
+    k = sum(1 for key in m if key.startswith("mtp/accept_rate_pos_"))
+    pos = list(range(1, k + 1))
+    fig = go.Figure(go.Bar(x=pos, y=[m[f"mtp/accept_rate_pos_{i}"] for i in pos], name="measured"))
+    fig.update_layout(title=f"{title}: accept length {m['mtp/accept_length']:.3f} "
+                            f"(theory {m.get('mtp/theory_accept_length', float('nan')):.3f}), k={k}",
+                      xaxis_title="draft position", yaxis_title="accept rate", yaxis_range=[0, 1])
+    return fig
+
+
 def _color(i: int) -> str:
     import plotly.colors
 

@@ -28,8 +28,9 @@ nb.env_report();
 
 # %% tags=["parameters"]
 ARMS = "frozen,trained,unsynced"  # comma list
-STEPS = 30  # RL steps per arm
-K = 1  # draft tokens per verify (MiMo's recipe: 1)
+STEPS = 40  # RL steps per arm
+SPEC_K = 2  # chained drafts per verify for the standalone run (answers are 2 digits + EOS: 2 is the most that count)
+K = 1  # draft tokens per verify in the RL arms (MiMo's recipe: 1)
 TEMPERATURE = 1.0  # speculative sampling temperature (the rollout temperature)
 EVAL_PROMPTS = 256  # held-out prompts for the acceptance measurement
 PROMPTS = 32  # prompts per RL step
@@ -40,13 +41,28 @@ INTERACTIVE = False
 
 # %% tags=["validate"]
 nb.check_params(globals(), {
-    "ARMS": nb.Subset("frozen", "trained", "unsynced"), "STEPS": nb.Int(1, 500), "K": nb.Int(1, 8),
+    "ARMS": nb.Subset("frozen", "trained", "unsynced"), "STEPS": nb.Int(1, 500), "SPEC_K": nb.Int(1, 8), "K": nb.Int(1, 8),
     "TEMPERATURE": nb.Float(0.0, 2.0), "EVAL_PROMPTS": nb.Int(1, 4096), "PROMPTS": nb.Int(1, 512),
     "GROUP": nb.Int(2, 64), "SEED": nb.Int(0), "QUICK": nb.Bool(), "INTERACTIVE": nb.Bool()});
 
+# %% [markdown]
+# First, speculative decoding with the shipped checkpoint's own MTP draft (no RL): `SPEC_K` chained drafts per
+# verify, rejection sampling at `TEMPERATURE`, counters as SGLang names them.
+
 # %%
+from labkit import viz
 from labkit.mtp import experiment
 
+spec = experiment.speculate(k=SPEC_K, temperature=TEMPERATURE, prompts=16 if QUICK else EVAL_PROMPTS, seed=SEED)
+nb.record({f"spec/{k.split('/', 1)[1]}": v for k, v in spec["metrics"].items()})
+
+# %%
+nb.show(viz.per_position(spec["metrics"]), name="per_position", interactive=INTERACTIVE)
+
+# %% [markdown]
+# Then the RL arms.
+
+# %%
 base = experiment.ExperimentConfig.quick() if QUICK else experiment.ExperimentConfig()
 cfg = experiment.with_overrides(base, arms=tuple(a.strip() for a in ARMS.split(",")), k=K, seed=SEED,
                                 spec_temperature=TEMPERATURE, **({} if QUICK else dict(
@@ -58,8 +74,6 @@ result = experiment.run(cfg)
 nb.record({k: v for k, v in result["metrics"].items() if k != "mtp/arms"})
 
 # %%
-from labkit import viz
-
 nb.show(viz.acceptance(result["history"]), name="acceptance", interactive=INTERACTIVE)
 
 # %%

@@ -29,7 +29,7 @@ DRAFT_SHARED = ("model.embed_tokens.weight", "lm_head.weight")  # what a separat
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class ExperimentConfig:
-    steps: int = 30
+    steps: int = 40
     arms: tuple[str, ...] = ARMS
     k: int = 1  # draft tokens per verify
     spec_temperature: float = 1.0  # the rollout temperature: what RL serves
@@ -62,6 +62,26 @@ def measure(model_dir: str, named: dict, draft: dict | None, eval_ids: list[list
     out = spec.generate(eval_ids, k=cfg.k, temperature=cfg.spec_temperature, max_new_tokens=cfg.rl.max_new_tokens,
                         seed=seed, progress=False)
     return {k: v for k, v in out["metrics"].items() if k.startswith("mtp/")}
+
+
+def speculate(model_dir: str | None = None, *, k: int = 2, temperature: float = 1.0, prompts: int = 256,
+              seed: int = 0) -> dict:
+    """Speculative decoding with a checkpoint's own MTP draft on held-out prompts, no RL: SGLang-named counters
+    (accept length, per-position rates) and the accept length theory predicts from the depth-1 rate."""
+    from labkit.models.tokenizer import encode
+    from labkit.mtp.acceptance import expected_accept_length
+    from labkit.mtp.speculative import Speculator
+    from labkit.tasks import arith
+    from labkit.workbench import default_model_dir
+
+    model_dir = model_dir or default_model_dir()
+    ids = [encode(p.prompt) for p in arith.problems(prompts, seed=999_983 + seed)]
+    out = Speculator(model_dir).generate(ids, k=k, temperature=temperature, max_new_tokens=RLConfig().max_new_tokens,
+                                         seed=seed)
+    m = dict(out["metrics"])
+    m["mtp/theory_accept_length"] = expected_accept_length(m["mtp/accept_rate_pos_1"], k)
+    m["mtp/k"], m["mtp/spec_temperature"] = k, temperature
+    return {"metrics": m, "requests": out["requests"]}
 
 
 def run_arm(arm: str, engine, placement, model_dir: str, cfg: ExperimentConfig, progress: bool = True) -> list[dict]:
@@ -117,6 +137,8 @@ def summarize(history: list[dict], cfg: ExperimentConfig) -> dict:
         out[f"mtp/final_accept_length_{a}"] = rows[-1]["mtp/accept_length"]
         out[f"mtp/final_reward_{a}"] = rows[-1]["train/reward"]
         out[f"mtp/final_accuracy_{a}"] = rows[-1]["train/accuracy"]
+        tail = rows[-max(1, len(rows) // 4):]  # one eval is noisy (+-0.04 on 256 prompts): the last quarter's mean
+        out[f"mtp/tail_accept_rate_{a}"] = sum(r["mtp/accept_rate"] for r in tail) / len(tail)
     first = arms[cfg.arms[0]][0]
     out["mtp/start_accept_rate"] = first["mtp/accept_rate"]
     out["mtp/start_reward"] = first["train/reward"]
@@ -138,9 +160,8 @@ def run(cfg: ExperimentConfig | None = None, *, quick: bool = False, model_dir: 
     from labkit.cluster import runtime
     from labkit.cluster.placement import Placement, layout
     from labkit.engine import EngineConfig, EngineHandle
-    from labkit.workbench import default_model_dir
-
     from labkit.models.hf import read_config_json
+    from labkit.workbench import default_model_dir
 
     cfg = cfg or (ExperimentConfig.quick() if quick else ExperimentConfig())
     model_dir = model_dir or default_model_dir()

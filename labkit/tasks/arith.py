@@ -14,7 +14,10 @@ class Problem:
     answer: str
 
 
-def problems(n: int, seed: int = 0, max_operand: int = 99) -> list[Problem]:
+MAX_OPERAND = 49  # 2,500 problems: the tiny model learns them all, so RL's room is its sampling noise
+
+
+def problems(n: int, seed: int = 0, max_operand: int = MAX_OPERAND) -> list[Problem]:
     if n < 1:
         raise ValueError(f"n={n!r} is invalid: expected an integer >= 1")
     rng = random.Random(seed)
@@ -28,6 +31,19 @@ def problems(n: int, seed: int = 0, max_operand: int = 99) -> list[Problem]:
 def reward(problem: Problem, completion: str) -> float:
     """1.0 when the completion (up to the first end-of-sequence or newline) is exactly the answer."""
     return float(completion.split("\n")[0].strip() == problem.answer)
+
+
+def corrupt(items: list[Problem], rate: float, seed: int = 0) -> list[Problem]:
+    """Each answer digit replaced, with probability `rate`, by a different random digit: a noisy corpus, so
+    the pretrained policy samples wrong answers at T=1 that RL then removes (and its MTP draft learns the noise)."""
+    if not 0 <= rate < 1:
+        raise ValueError(f"rate={rate!r} is invalid: expected a float in [0, 1)")
+    rng = random.Random(seed)
+
+    def flip(d: str) -> str:
+        return rng.choice([c for c in "0123456789" if c != d]) if rng.random() < rate else d
+
+    return [Problem(p.prompt, "".join(flip(d) for d in p.answer)) for p in items]
 
 
 def sequence(problem: Problem) -> tuple[list[int], list[int]]:

@@ -30,7 +30,7 @@ def test_json_has_every_arm_and_headline_key(quick):
             assert {"step", "accept_length", "accept_rate", "reward"} <= set(r)
             # k = 1; SGLang counts the prefill token in completion_tokens, so a short answer can exceed k + 1
             assert 0.0 <= r["accept_rate"] <= 1.0 and 1.0 <= r["accept_length"] <= 3.0
-        for k in ("final_accept_rate", "final_reward"):
+        for k in ("final_accept_rate", "final_reward", "tail_accept_rate"):
             assert 0.0 <= quick[f"mtp/{k}_{arm}"] <= 1.0
     for k in ("mtp/start_accept_rate", "mtp/offline_vs_measured_rel_err"):
         assert math.isfinite(quick[k]) and quick[k] >= 0.0

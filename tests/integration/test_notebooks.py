@@ -74,10 +74,13 @@ def test_02_rollout_logprobs_agree_after_sync(out_root):
 def test_03_acceptance_under_rl(out_root):
     m = _run("03_acceptance_rate", out_root)
     assert m["mtp/steps"] == 2 and m["mtp/k"] == 1
+    # The standalone speculative run: k=2 chained drafts, SGLang-style counters, per-position rates.
+    assert m["spec/k"] == 2 and 1.0 <= m["spec/accept_length"] <= 3.0
+    assert all(0.0 <= m[f"spec/accept_rate_pos_{i}"] <= 1.0 for i in (1, 2))
     assert 0.0 <= m["mtp/final_accept_rate_trained"] <= 1.0 and 1.0 <= m["mtp/final_accept_length_trained"] <= 3.0
     assert 0.0 <= m["mtp/final_reward_trained"] <= 1.0 and m["mtp/offline_vs_measured_rel_err"] >= 0.0
     d, nb = _outputs(m, "03_acceptance_rate")
-    assert _has_plotly(nb) and (d / "acceptance.html").exists()
+    assert _has_plotly(nb) and (d / "acceptance.html").exists() and (d / "per_position.html").exists()
 
 
 def test_04_bucket_sweep_and_autotune(out_root):

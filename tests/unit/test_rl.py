@@ -56,3 +56,17 @@ def test_experiment_config_names_the_bad_value(bad, match):
 def test_overrides_route_rl_fields():
     cfg = with_overrides(ExperimentConfig(), steps=3, group=4, lr=None)
     assert cfg.steps == 3 and cfg.rl.group == 4 and cfg.rl.lr == RLConfig().lr
+
+
+def test_corrupt_noises_answer_digits_at_the_rate_and_keeps_prompts():
+    from labkit.tasks import arith
+
+    items = arith.problems(4000, seed=1)
+    noisy = arith.corrupt(items, 0.25, seed=2)
+    digits = [(a, b) for p, q in zip(items, noisy) for a, b in zip(p.answer, q.answer)]
+    assert [p.prompt for p in items] == [q.prompt for q in noisy]
+    assert all(len(p.answer) == len(q.answer) for p, q in zip(items, noisy))
+    assert abs(sum(a != b for a, b in digits) / len(digits) - 0.25) < 0.02  # a flip always changes the digit
+    assert arith.corrupt(items, 0.0) == items
+    with pytest.raises(ValueError, match="rate=1.5"):
+        arith.corrupt(items, 1.5)

@@ -183,20 +183,17 @@ def test_offline_loop_estimate_predicts_the_measured_depth1_rate(synced, k):
     """One teacher-forced forward over the loop's own T=1 output predicts its measured depth-1 acceptance.
 
     Tolerance 5 % relative (the issue's target), with 768 prompts (~1200 depth-1 drafts: one binomial
-    standard error is ~1.3 % of the rate). The plain per-token mean is biased (tokens after hard ones are
-    drafted less often than they occur), which the same data shows."""
+    standard error is ~1.3 % of the rate)."""
     from labkit.models.hf import ReferenceModel
     from labkit.models.tokenizer import PAD
-    from labkit.mtp.acceptance import offline_accept_rate, offline_loop_rate
+    from labkit.mtp.acceptance import offline_loop_rate
 
     prompts = [encode(p.prompt) for p in arith.problems(768, seed=11)]
     out = synced.generate(prompts, k, 1.0, 5, seed=4)
     seqs = [p + r["output_ids"] for p, r in zip(prompts, out["requests"])]
     tokens = torch.full((len(seqs), max(map(len, seqs))), PAD)
-    drafted = torch.zeros_like(tokens)
-    for b, (p, s) in enumerate(zip(prompts, seqs)):
+    for b, s in enumerate(seqs):
         tokens[b, : len(s)] = torch.tensor(s)
-        drafted[b, len(p) + 1: len(s)] = 1
     f = ReferenceModel(default_model_dir()).forward(tokens)
     rate, drafts = offline_loop_rate(f["logits"], f["mtp_logits"][0], [len(p) for p in prompts],
                                      [len(r["output_ids"]) for r in out["requests"]], 1.0, k)
@@ -204,5 +201,3 @@ def test_offline_loop_estimate_predicts_the_measured_depth1_rate(synced, k):
     assert abs(rate - measured) / measured < 0.05, (rate, measured)
     if k == 1:
         assert abs(drafts - out["metrics"]["mtp/verify_ct"]) / drafts < 0.05
-    plain, _ = offline_accept_rate(f["logits"], f["mtp_logits"][0], drafted, 1.0)
-    assert abs(plain - measured) > abs(rate - measured)  # the unweighted mean is biased (either way)

@@ -106,7 +106,10 @@ def test_figures_build_and_save(tmp_path):
                                   for a in ("frozen", "trained") for s in range(3)]),
         "logprobs": viz.logprob_agreement({"synced": {"trainer": [-0.1, -2.0], "engine": [-0.1, -2.0]}}),
         "summary": viz.sweep_summary([{"X": 1, "t": 0.2}, {"X": 2, "t": 0.1}], "X", ["t"]),
+        "positions": viz.per_position({"mtp/accept_length": 2.1, "mtp/theory_accept_length": 2.2,
+                                       **{f"mtp/accept_rate_pos_{i}": 0.9 - 0.1 * i for i in (1, 2, 3)}}),
     }
+    assert list(figs["positions"].data[0].x) == [1, 2, 3] and "theory 2.200" in figs["positions"].layout.title.text
     assert len(figs["phases"].data) == len(viz.PHASES) + 1
     assert sum(s.type == "line" for s in figs["sweep"].layout.shapes) == 3  # chosen bucket / budget lines
     for name, fig in figs.items():
