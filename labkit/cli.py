@@ -90,7 +90,7 @@ def cmd_mtp_experiment(args) -> int:
     arms = tuple(a.strip() for a in args.arms.split(",")) if args.arms else None
     cfg = ex.with_overrides(base, steps=args.steps, arms=arms, k=args.k, spec_temperature=args.temperature,
                             eval_prompts=args.eval_prompts, seed=args.seed, prompts=args.prompts, group=args.group,
-                            lr=args.lr)
+                            lr=args.lr, mtp_lr_mult=args.mtp_lr_mult, mtp_target=args.mtp_target)
     out = ex.run(cfg, model_dir=args.model, progress=not args.json)
     _write(out if args.history else out["metrics"], args.out)
     _emit(out["metrics"], args.json)
@@ -182,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(fn=cmd_tune)
 
     d = sub.add_parser("mtp-experiment", help="RL with the MTP draft: arms frozen/trained/unsynced, acceptance per step")
-    d.add_argument("--steps", type=int, default=None, help="RL steps per arm (default 40; --quick: 2)")
+    d.add_argument("--steps", type=int, default=None, help="RL steps per arm (default 60; --quick: 2)")
     d.add_argument("--arms", default=None, help="comma-separated subset of frozen,trained,unsynced")
     d.add_argument("--k", type=int, default=None, help="draft tokens per verify (default 1, MiMo's recipe)")
     d.add_argument("--temperature", type=float, default=None, help="speculative sampling temperature (default 1)")
@@ -190,6 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--prompts", type=int, default=None, help="prompts per RL step")
     d.add_argument("--group", type=int, default=None, help="samples per prompt (GRPO group)")
     d.add_argument("--lr", type=float, default=None)
+    d.add_argument("--mtp-lr-mult", type=float, default=None, help="the draft's lr over the policy's (default 5)")
+    d.add_argument("--mtp-target", default=None, help="what the draft learns: tokens (sampled CE) or policy (KL)")
     d.add_argument("--seed", type=int, default=None)
     d.add_argument("--model", default=None, help="HF model directory (default: data/tiny-mimo)")
     d.add_argument("--quick", action="store_true", help="a few seconds per step (tests)")

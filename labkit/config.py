@@ -68,6 +68,8 @@ class TrainConfig:
     adam_beta2: float = 0.999
     mtp_loss_scale: float = 0.1  # Megatron's mtp_loss_scaling_factor; 0 freezes the MTP layers
     mtp_detach: bool = False  # RL: MTP gradients stop at the trunk (labkit.mtp.loss); pretraining trains both
+    mtp_target: str = "tokens"  # "tokens": CE on the sampled tokens; "policy": KL to the main head (labkit.mtp.loss)
+    mtp_lr_mult: float = 1.0  # the MTP layers' lr over the trunk's: a draft must keep up with a moving policy
     micro_batches: int = 1
     seed: int = 1234
 
@@ -81,5 +83,10 @@ class TrainConfig:
         check(isinstance(self.mtp_loss_scale, (int, float)) and self.mtp_loss_scale >= 0,
               "mtp_loss_scale", self.mtp_loss_scale, ">= 0")
         check(isinstance(self.mtp_detach, bool), "mtp_detach", self.mtp_detach, "True or False")
+        check(isinstance(self.mtp_lr_mult, (int, float)) and self.mtp_lr_mult > 0, "mtp_lr_mult", self.mtp_lr_mult,
+              "> 0")
+        check(self.mtp_target in ("tokens", "policy"), "mtp_target", self.mtp_target, "tokens or policy")
+        check(self.mtp_target == "tokens" or self.mtp_detach, "mtp_target", self.mtp_target,
+              "tokens unless mtp_detach=True (the policy target must not train the trunk towards the draft)")
         _int("micro_batches", self.micro_batches)
         _int("seed", self.seed, lo=0)

@@ -28,13 +28,14 @@ nb.env_report();
 
 # %% tags=["parameters"]
 ARMS = "frozen,trained,unsynced"  # comma list
-STEPS = 40  # RL steps per arm
+STEPS = 60  # RL steps per arm
 SPEC_K = 2  # chained drafts per verify for the standalone run (answers are 2 digits + EOS: 2 is the most that count)
 K = 1  # draft tokens per verify in the RL arms (MiMo's recipe: 1)
 TEMPERATURE = 1.0  # speculative sampling temperature (the rollout temperature)
 EVAL_PROMPTS = 256  # held-out prompts for the acceptance measurement
-PROMPTS = 32  # prompts per RL step
-GROUP = 8  # samples per prompt (GRPO group)
+PROMPTS = 64  # prompts per RL step
+GROUP = 4  # samples per prompt (GRPO group)
+MTP_LR_MULT = 5.0  # the draft's learning rate over the policy's
 SEED = 0
 QUICK = False  # a few seconds per step: the numbers mean little
 INTERACTIVE = False
@@ -43,7 +44,7 @@ INTERACTIVE = False
 nb.check_params(globals(), {
     "ARMS": nb.Subset("frozen", "trained", "unsynced"), "STEPS": nb.Int(1, 500), "SPEC_K": nb.Int(1, 8), "K": nb.Int(1, 8),
     "TEMPERATURE": nb.Float(0.0, 2.0), "EVAL_PROMPTS": nb.Int(1, 4096), "PROMPTS": nb.Int(1, 512),
-    "GROUP": nb.Int(2, 64), "SEED": nb.Int(0), "QUICK": nb.Bool(), "INTERACTIVE": nb.Bool()});
+    "GROUP": nb.Int(2, 64), "MTP_LR_MULT": nb.Float(0.01, 100.0), "SEED": nb.Int(0), "QUICK": nb.Bool(), "INTERACTIVE": nb.Bool()});
 
 # %% [markdown]
 # First, speculative decoding with the shipped checkpoint's own MTP draft (no RL): `SPEC_K` chained drafts per
@@ -66,7 +67,8 @@ nb.show(viz.per_position(spec["metrics"]), name="per_position", interactive=INTE
 base = experiment.ExperimentConfig.quick() if QUICK else experiment.ExperimentConfig()
 cfg = experiment.with_overrides(base, arms=tuple(a.strip() for a in ARMS.split(",")), k=K, seed=SEED,
                                 spec_temperature=TEMPERATURE, **({} if QUICK else dict(
-                                    steps=STEPS, eval_prompts=EVAL_PROMPTS, prompts=PROMPTS, group=GROUP)))
+                                    steps=STEPS, eval_prompts=EVAL_PROMPTS, prompts=PROMPTS, group=GROUP,
+                                    mtp_lr_mult=MTP_LR_MULT)))
 cfg
 
 # %%

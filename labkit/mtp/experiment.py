@@ -29,7 +29,7 @@ DRAFT_SHARED = ("model.embed_tokens.weight", "lm_head.weight")  # what a separat
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class ExperimentConfig:
-    steps: int = 40
+    steps: int = 60
     arms: tuple[str, ...] = ARMS
     k: int = 1  # draft tokens per verify
     spec_temperature: float = 1.0  # the rollout temperature: what RL serves
@@ -95,8 +95,9 @@ def run_arm(arm: str, engine, placement, model_dir: str, cfg: ExperimentConfig, 
     from labkit.trainer.group import Trainer
 
     scale = 0.0 if arm == "frozen" else cfg.rl.mtp_loss_scale
-    trainer = Trainer(model_dir, ParallelSpec(), TrainConfig(lr=cfg.rl.lr, mtp_loss_scale=scale, mtp_detach=True,
-                                                             seed=1234 + cfg.seed), placement=placement)
+    train = TrainConfig(lr=cfg.rl.lr, mtp_loss_scale=scale, mtp_detach=True, mtp_target=cfg.rl.mtp_target,
+                        mtp_lr_mult=cfg.rl.mtp_lr_mult, seed=1234 + cfg.seed)
+    trainer = Trainer(model_dir, ParallelSpec(), train, placement=placement)
     rows = []
     try:
         s0 = sync(trainer, engine, SyncConfig(progress=False), weight_version=f"{arm}-0")  # every arm starts equal

@@ -8,6 +8,11 @@ it does, on any GPTModel with an MTP block:
 MTP-loss gradients then reach only the MTP layers' own parameters (enorm, hnorm, eh_proj, the layer, its final
 norm). The main logits still come from the attached trunk, so the policy loss is untouched.
 
+`policy_kl` is the other draft target: rather than cross-entropy on the one sampled token, the MTP head at t
+matches the main head's whole distribution at t+d, already in the same forward. For on-policy rollouts its
+gradient has the same expectation as the sampled CE with less noise, and it is the quantity speculative
+acceptance (1 - TV(p, q)) rewards directly.
+
 Left alone: Megatron clips the global grad norm over all parameters, so a large MTP gradient can still shrink
 the policy's update through the clip coefficient (upstream gives MTP its own norm group, PR #4116).
 """
@@ -72,3 +77,46 @@ def freeze_mtp(model) -> int:
             p.requires_grad_(False)
             n += 1
     return n
+
+
+def capture_mtp(model, into: dict):
+    """Forward hook keeping the MTP block's output ([main; depth 1; ...] hidden states, stacked on dim 0)."""
+    from megatron.core.utils import unwrap_model
+
+    inner = unwrap_model(model)
+    if not getattr(inner, "mtp_process", False) or not inner.config.mtp_num_layers:
+        return None
+    return inner.mtp.register_forward_hook(lambda m, i, o: into.__setitem__("mtp_hidden", o))
+
+
+def policy_kl(model, hidden, loss_mask):
+    """Mean over drafted targets of KL(main head at t+d || MTP depth d at t), averaged over depths.
+
+    Drafted targets: the token the main head reads at t+d is itself a response token. The first response
+    token always comes from the target's prefill, so a draft is never asked for it.
+
+    `hidden`: the MTP block's output [(1 + n) * s, b, h]; `loss_mask` [b, s] marks targets (position j's
+    target is token j+1). Gradients reach only the MTP layers: the target, the output weight and (through
+    `detach_trunk`) the MTP inputs are all detached.
+    """
+    import torch
+    from megatron.core.utils import unwrap_model
+
+    inner = unwrap_model(model)
+    n = inner.config.mtp_num_layers
+    parts = torch.chunk(hidden, 1 + n, dim=0)
+    w = (inner.shared_embedding_or_output_weight() if inner.share_embeddings_and_output_weights
+         else inner.output_layer.weight).detach()
+
+    def logp(h):
+        return torch.log_softmax(inner.output_layer(h, weight=w, runtime_gather_output=True)[0].float(), dim=-1)
+
+    p = logp(parts[0].detach())  # [s, b, V]
+    mask = loss_mask.t().float()  # [s, b]
+    total = p.new_zeros(())
+    for d in range(1, n + 1):
+        # Depth d at position t predicts token t+1+d, as the main head does at position t+d.
+        target, q, m = p[d:], logp(parts[d])[:-d], mask[d:] * mask[d - 1:-1]
+        kl = (target.exp() * (target - q)).sum(-1)
+        total = total + (kl * m).sum() / m.sum().clamp(min=1)
+    return total / n

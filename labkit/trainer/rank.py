@@ -71,7 +71,9 @@ class TrainerRank:
         bridge = patch_bridge(AutoBridge.from_config(hf_config, dtype=dtype))
         bridge.set_extra_args(use_cpu_initialization=not torch.cuda.is_available(), masked_softmax_fusion=False,
                               sequence_parallel=False, hidden_dropout=0.0, attention_dropout=0.0,
-                              mtp_loss_scaling_factor=self.train_cfg.mtp_loss_scale)
+                              # With the policy target Megatron's own MTP CE is only logged (scale 0).
+                              mtp_loss_scaling_factor=self.train_cfg.mtp_loss_scale
+                              if self.train_cfg.mtp_target == "tokens" else 0.0)
         ddp = dict(grad_reduce_in_fp32=True, use_distributed_optimizer=False, overlap_grad_reduce=False,
                    bucket_size=None)
         models = bridge.get_model(bf16=dtype is torch.bfloat16, wrap_with_ddp=True, ddp_config=ddp)
@@ -84,8 +86,14 @@ class TrainerRank:
                               clip_grad=self.train_cfg.clip_grad, adam_beta2=self.train_cfg.adam_beta2,
                               bf16=dtype is torch.bfloat16,
                               params_dtype=dtype, use_distributed_optimizer=False)
+        overrides = None
+        if self.train_cfg.mtp_lr_mult != 1.0:
+            from megatron.core.optimizer import ParamKey
+
+            overrides = {ParamKey(name="*.mtp.*"): {"lr_mult": float(self.train_cfg.mtp_lr_mult)}}
         with compat.optimizer_scope():
-            self.optimizer = get_megatron_optimizer(cfg, models)
+            self.optimizer = get_megatron_optimizer(cfg, models, config_overrides=overrides)
+        self.set_lr(self.train_cfg.lr)
         mcfg = models[0].config
         mcfg.finalize_model_grads_func = finalize_model_grads
         mcfg.grad_scale_func = self.optimizer.scale_loss
@@ -123,7 +131,9 @@ class TrainerRank:
         micro = [{k: v.chunk(n_micro)[i] for k, v in batch.items()} for i in range(n_micro)]
         out = get_forward_backward_func()(
             forward_step_func=partial(_forward_step, total_tokens=float(batch["loss_mask"].sum().clamp(min=1)),
-                                      policy_scale=0.0 if mtp_only else 1.0),
+                                      policy_scale=0.0 if mtp_only else 1.0,
+                                      kl_scale=self.train_cfg.mtp_loss_scale
+                                      if self.train_cfg.mtp_target == "policy" else 0.0),
             data_iterator=iter(micro), model=self.models, num_microbatches=n_micro,
             seq_length=tokens.shape[1], micro_batch_size=micro[0]["tokens"].shape[0], forward_only=False)
         with compat.optimizer_scope():
@@ -135,13 +145,16 @@ class TrainerRank:
         if not self._is_output_rank:
             return None
         loss = sum(float(o["lm loss"]) for o in out)
-        return {"train/loss": loss, "mtp/loss": mtp_loss, "train/grad_norm": float(grad_norm or 0.0),
-                "train/update_ok": bool(ok)}
+        m = {"train/loss": loss, "mtp/loss": mtp_loss, "train/grad_norm": float(grad_norm or 0.0),
+             "train/update_ok": bool(ok)}
+        if out and "mtp kl" in out[0]:
+            m["mtp/kl"] = sum(float(o["mtp kl"]) for o in out) / len(out)
+        return m
 
     def set_lr(self, lr: float) -> None:
         """Learning rate for the next steps (schedules live in the caller)."""
         for g in self.optimizer.param_groups:
-            g["lr"] = lr
+            g["lr"] = lr * g.get("lr_mult", 1.0)
 
     # ---------------------------------------------------------------- forward
     @torch.no_grad()
@@ -206,16 +219,29 @@ def _make_batch(tokens, loss_mask, weights):
     return {"tokens": tokens, "labels": labels, "loss_mask": mask, "weights": w, "position_ids": pos}
 
 
-def _forward_step(data_iterator, model, total_tokens: float, policy_scale: float = 1.0):
+def _forward_step(data_iterator, model, total_tokens: float, policy_scale: float = 1.0, kl_scale: float = 0.0):
+    from labkit.mtp.loss import capture_mtp, policy_kl
+
     b = next(data_iterator)
-    # Megatron uses loss_mask only for the MTP loss; the policy loss below applies the per-sequence weights.
-    out = model(b["tokens"], b["position_ids"], None, labels=b["labels"], loss_mask=b["loss_mask"])
+    captured: dict = {}
+    hook = capture_mtp(model, captured) if kl_scale else None
+    try:
+        # Megatron uses loss_mask only for the MTP loss; the policy loss below applies the per-sequence weights.
+        out = model(b["tokens"], b["position_ids"], None, labels=b["labels"], loss_mask=b["loss_mask"])
+    finally:
+        if hook:
+            hook.remove()
 
     def loss_func(output_tensor):
         # Normalise by the whole batch's token count (not the weighted sum: advantages sum to ~0 per group) so
         # micro-batching and PP give the same loss.
         loss = (output_tensor.float() * b["weights"]).sum() / total_tokens
-        return loss * policy_scale, {"lm loss": loss.detach()}
+        logs = {"lm loss": loss.detach()}
+        total = loss * policy_scale
+        if "mtp_hidden" in captured:
+            kl = policy_kl(model, captured.pop("mtp_hidden"), b["loss_mask"])
+            total, logs["mtp kl"] = total + kl_scale * kl, kl.detach()
+        return total, logs
 
     return out, loss_func
 

@@ -21,11 +21,12 @@ def model_dir(tmp_path_factory):
 
 
 @functools.cache
-def _mtp_only(detach: bool, model_dir: str):
+def _mtp_only(detach: bool, model_dir: str, target: str = "tokens"):
     """Three optimizer steps with only the MTP loss; logits before and after, and the step metrics."""
     from labkit.trainer.group import Trainer
 
-    trainer = Trainer(model_dir, ParallelSpec(), TrainConfig(lr=1e-2, mtp_loss_scale=1.0, mtp_detach=detach))
+    trainer = Trainer(model_dir, ParallelSpec(), TrainConfig(lr=1e-2, mtp_loss_scale=1.0, mtp_detach=detach,
+                                                             mtp_target=target))
     try:
         tokens, mask = arith.batch(arith.problems(16, seed=5))
         before = trainer.forward(tokens)
@@ -35,11 +36,27 @@ def _mtp_only(detach: bool, model_dir: str):
         trainer.shutdown()
 
 
-def test_the_mtp_loss_alone_cannot_move_the_policy(model_dir):
-    before, after, steps = _mtp_only(True, model_dir)
+@pytest.mark.parametrize("target", ["tokens", "policy"])
+def test_the_mtp_loss_alone_cannot_move_the_policy(model_dir, target):
+    before, after, steps = _mtp_only(True, model_dir, target)
     assert torch.equal(before["logits"], after["logits"])  # bitwise: no trunk, embedding or head update at all
     assert not torch.equal(before["mtp_logits"][0], after["mtp_logits"][0])  # ...while the draft did learn
-    assert steps[-1]["mtp/loss"] < steps[0]["mtp/loss"]
+    key = "mtp/loss" if target == "tokens" else "mtp/kl"
+    assert steps[-1][key] < steps[0][key]
+
+
+def test_the_policy_target_is_the_kl_from_the_main_head_one_position_on(model_dir):
+    # Recompute the logged KL from the forward's logits: MTP at t against the main head at t+1, on the targets a
+    # draft proposes (the main head reads a response token: the first answer token is never drafted).
+    before, _, steps = _mtp_only(True, model_dir, "policy")
+    tokens, mask = arith.batch(arith.problems(16, seed=5))
+    target = torch.roll(mask.float(), -1, dims=1)
+    target[:, -1] = 0  # position j's target is token j+1 (the trainer's loss mask)
+    p = torch.log_softmax(before["logits"], -1)[:, 1:]
+    q = torch.log_softmax(before["mtp_logits"][0], -1)[:, :-1]
+    m = target[:, 1:] * target[:, :-1]
+    kl = ((p.exp() * (p - q)).sum(-1) * m).sum() / m.sum()
+    assert steps[0]["mtp/kl"] == pytest.approx(float(kl), rel=1e-4)
 
 
 def test_without_the_detach_the_same_steps_do_move_the_policy(model_dir):
@@ -64,3 +81,21 @@ def test_mtp_loss_scale_zero_freezes_the_draft_while_the_policy_trains(model_dir
     draft = [n for n in e0 if ".mtp_layers." in n]
     assert draft and all(torch.equal(e0[n], e1[n]) for n in draft)
     assert any(not torch.equal(e0[n], e1[n]) for n in e0 if n not in draft)
+
+
+def test_mtp_lr_mult_scales_only_the_draft_step(model_dir):
+    # Adam's first step moves every coordinate with a gradient by ~lr: the draft's by lr * mtp_lr_mult.
+    from labkit.trainer.group import Trainer
+
+    trainer = Trainer(model_dir, ParallelSpec(), TrainConfig(lr=1e-3, mtp_loss_scale=1.0, mtp_detach=True,
+                                                             mtp_lr_mult=4.0))
+    try:
+        e0 = dict(trainer.export())
+        trainer.train_step(*arith.batch(arith.problems(16, seed=7)))
+        e1 = dict(trainer.export())
+    finally:
+        trainer.shutdown()
+    step = {n: float((e1[n] - e0[n]).abs().max()) for n in e0}
+    draft = max(v for n, v in step.items() if ".mtp_layers." in n)
+    trunk = max(v for n, v in step.items() if ".mtp_layers." not in n)
+    assert draft == pytest.approx(4e-3, rel=0.05) and trunk == pytest.approx(1e-3, rel=0.05)

@@ -23,6 +23,10 @@ def test_parallel_and_train_config_validate():
         ParallelSpec(tp=0)
     with pytest.raises(ValueError, match="lr=-1"):
         TrainConfig(lr=-1)
+    with pytest.raises(ValueError, match="mtp_target='kl'"):
+        TrainConfig(mtp_target="kl")
+    with pytest.raises(ValueError, match="mtp_target='policy'.*mtp_detach=True"):
+        TrainConfig(mtp_target="policy")  # the KL must not pull the trunk towards the draft
     assert ParallelSpec(tp=2, pp=2).world_size == 4
 
 

@@ -40,7 +40,9 @@ def test_policy_loss_is_normalised_by_tokens_not_by_the_advantage_sum():
 
 
 @pytest.mark.parametrize("bad, match", [(dict(group=1), "group=1"), (dict(temperature=0.0), "temperature=0.0"),
-                                        (dict(prompts=0), "prompts=0"), (dict(lr=2.0), "lr=2.0")])
+                                        (dict(prompts=0), "prompts=0"), (dict(lr=2.0), "lr=2.0"),
+                                        (dict(mtp_lr_mult=0.0), "mtp_lr_mult=0.0"),
+                                        (dict(mtp_target="kl"), "mtp_target='kl'")])
 def test_rl_config_names_the_bad_value(bad, match):
     with pytest.raises(ValueError, match=match):
         RLConfig(**bad)
@@ -54,8 +56,8 @@ def test_experiment_config_names_the_bad_value(bad, match):
 
 
 def test_overrides_route_rl_fields():
-    cfg = with_overrides(ExperimentConfig(), steps=3, group=4, lr=None)
-    assert cfg.steps == 3 and cfg.rl.group == 4 and cfg.rl.lr == RLConfig().lr
+    cfg = with_overrides(ExperimentConfig(), steps=3, group=2, lr=None, mtp_lr_mult=2.0)
+    assert cfg.steps == 3 and cfg.rl.group == 2 and cfg.rl.lr == RLConfig().lr and cfg.rl.mtp_lr_mult == 2.0
 
 
 def test_corrupt_noises_answer_digits_at_the_rate_and_keeps_prompts():
