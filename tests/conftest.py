@@ -3,8 +3,8 @@ import os
 import pytest
 
 # Ray and tqdm stay quiet and local in tests; a user's RAY_ADDRESS must not send CI work to their cluster.
+# Tests run Ray as users do: loopback only, token auth on (labkit.cluster.runtime).
 os.environ.pop("RAY_ADDRESS", None)
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TQDM_MININTERVAL", "5")
 
 

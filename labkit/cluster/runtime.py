@@ -1,11 +1,22 @@
-"""Ray start/attach. Local Ray on loopback by default; any cluster through RAY_ADDRESS (or `address=`)."""
+"""Ray start/attach. Local Ray on loopback, with token auth, by default; any cluster through RAY_ADDRESS.
+
+A local run holds Ray (GCS, raylet, agents, workers) to 127.0.0.1 (labkit.compat.loopback says how and why)
+and turns on Ray's token authentication with a fresh random token that lives only in this process's
+environment (children inherit it; nothing is written to $HOME). An explicit `RAY_AUTH_MODE` wins; `disabled`
+is honoured but warned about. Attaching to a cluster (`RAY_ADDRESS`) leaves its addresses and auth to it.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
+import secrets
 import socket
 
+from labkit.compat import loopback
+
 START_ATTEMPTS = 3
+log = logging.getLogger(__name__)
 
 
 def node_ip() -> str:
@@ -34,8 +45,8 @@ def init(address: str | None = None, num_cpus: int | None = None) -> dict:
         if address:
             ray.init(address=address, logging_level="WARNING")
         else:
-            # A local single-user cluster: no token file in $HOME, no dashboard, loopback only.
-            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+            # A local single-user cluster: loopback only, token auth, no token file in $HOME, no dashboard.
+            local_security()
             os.environ.setdefault("RAY_DEDUP_LOGS", "1")
             # Logical CPUs: trainer ranks and engines are mostly idle between calls; 2 physical cores must
             # still host a TP=2 trainer and an engine side by side.
@@ -51,7 +62,25 @@ def init(address: str | None = None, num_cpus: int | None = None) -> dict:
                         raise RuntimeError(f"local Ray did not start ({START_ATTEMPTS} attempts; the machine may "
                                            f"be overloaded): {e}") from e
     res = ray.cluster_resources()
-    return {"address": ray.get_runtime_context().gcs_address, "cpus": res.get("CPU", 0), "gpus": res.get("GPU", 0)}
+    return {"address": ray.get_runtime_context().gcs_address, "cpus": res.get("CPU", 0), "gpus": res.get("GPU", 0),
+            "auth": os.environ.get("RAY_AUTH_MODE", "")}
+
+
+def local_security() -> dict:
+    """Loopback and token auth for a local cluster, set in the environment before Ray starts."""
+    loopback.hold_ray_to_loopback()
+    if os.environ.get("RAY_AUTH_MODE") is None:
+        os.environ["RAY_AUTH_MODE"] = "token"
+        os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+        # Ray's C++ config reads the mode once; a driver that imported Ray already must re-read it, as Ray's
+        # own `_enable_token_auth` does, or it would talk to its token-mode GCS without the token.
+        from ray._raylet import Config
+
+        Config.initialize("")
+    elif os.environ["RAY_AUTH_MODE"].lower() == "disabled":
+        log.warning("RAY_AUTH_MODE=disabled: this local Ray cluster accepts work from any process that reaches "
+                    "127.0.0.1 without a token")
+    return {"auth": os.environ["RAY_AUTH_MODE"], "node_ip": "127.0.0.1"}
 
 
 def shutdown() -> None:

@@ -18,12 +18,14 @@ stranger (or waiting for a store that will never come up).
 
 from __future__ import annotations
 
+import errno
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import torch
 
+from labkit.compat import loopback
 from labkit.sync import bucket as bk
 from labkit.sync import failpoints as fp
 from labkit.sync.plan import Bucket
@@ -76,9 +78,7 @@ PORT_ATTEMPTS = 5
 
 
 def bind_store(host: str, world_size: int, timeout_s: float, attempts: int = PORT_ATTEMPTS):
-    """The rendezvous TCPStore, hosted here (rank 0) on a free port; (store, port, retries)."""
-    from torch.distributed import TCPStore
-
+    """The rendezvous TCPStore, hosted here (rank 0) on a free port of `host` only; (store, port, retries)."""
     from labkit.cluster.runtime import free_port
 
     errors = []
@@ -86,13 +86,14 @@ def bind_store(host: str, world_size: int, timeout_s: float, attempts: int = POR
         port = free_port()
         fp.hit("transport.open", host=host, port=port)
         try:
-            store = TCPStore(host, port, world_size, is_master=True, timeout=timedelta(seconds=timeout_s),
-                             wait_for_workers=False)
-            return store, port, i
-        except (RuntimeError, OSError) as e:  # free_port() is a guess: another process may bind it first
-            if "EADDRINUSE" not in str(e) and "in use" not in str(e).lower():
+            sock = loopback.listen(host, port)
+        except OSError as e:  # free_port() is a guess: another process may bind it first
+            if e.errno != errno.EADDRINUSE:
                 raise
             errors.append(port)
+            continue
+        store = loopback.tcp_store(host, port, world_size, True, timedelta(seconds=timeout_s), sock=sock)
+        return store, port, i
     raise RuntimeError(f"could not bind a rendezvous port for the weight-update group: ports {errors} were "
                        f"all in use ({attempts} attempts)")
 

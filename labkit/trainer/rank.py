@@ -13,10 +13,12 @@ from functools import partial
 
 import torch
 
+from labkit.compat import loopback
 from labkit.config import ParallelSpec, TrainConfig
 
 
-def _init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, parallel: ParallelSpec):
+def _init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, parallel: ParallelSpec,
+                      listen_sock=None):
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
@@ -24,8 +26,11 @@ def _init_distributed(rank: int, world_size: int, master_addr: str, master_port:
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     if not dist.is_initialized():
-        dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
-                                world_size=world_size, timeout=timedelta(minutes=5))
+        # Rank 0 hosts the rendezvous store on master_addr only (torch's own tcp:// store binds the wildcard).
+        store = loopback.tcp_store(master_addr, master_port, world_size, rank == 0, timedelta(minutes=5),
+                                   sock=listen_sock)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                timeout=timedelta(minutes=5))
     if not ps.model_parallel_is_initialized():
         ps.initialize_model_parallel(parallel.tp, parallel.pp)
 
@@ -37,21 +42,25 @@ class TrainerRank:
         if threads:
             torch.set_num_threads(threads)
         self.parallel, self.train_cfg = parallel, train
-        self.rank, self.compat = None, []
+        self.rank, self.compat, self._listen = None, [], None
         self.models = self.bridge = self.optimizer = None
 
     def address(self) -> tuple[str, int]:
-        """This node's IP and a free port: rank 0 hosts the rendezvous (works on any Ray cluster)."""
-        from labkit.cluster.runtime import free_port, node_ip
+        """This node's IP and a port bound there: rank 0 hosts the rendezvous (works on any Ray cluster).
+        The socket is bound now and handed to the store in `setup`, so no other program can take the port."""
+        from labkit.cluster.runtime import node_ip
 
-        return node_ip(), free_port()
+        self._listen = loopback.listen(node_ip())
+        return self._listen.getsockname()[:2]
 
     def setup(self, rank: int, world_size: int, master_addr: str, master_port: int) -> list[str]:
         from labkit.compat import megatron as compat
 
         self.rank = rank
         self.compat = compat.apply()
-        _init_distributed(rank, world_size, master_addr, master_port, self.parallel)
+        _init_distributed(rank, world_size, master_addr, master_port, self.parallel,
+                          listen_sock=self._listen if rank == 0 else None)
+        self._listen = None
         compat.model_parallel_seed(self.train_cfg.seed)
         return self.compat
 

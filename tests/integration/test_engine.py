@@ -6,6 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from labkit.compat import loopback
 from labkit.engine import EngineConfig, EngineError, EngineHandle, EngineUnreachable, Unsupported
 from labkit.models import tokenizer
 from tests.integration.conftest import engine_config, live, shm_leftovers
@@ -279,6 +280,9 @@ def test_http_server_generate_update_verify_shutdown(engine, engine_model_dir):
     tree = [handle._server.proc.pid, *(p.pid for p in psutil.Process(handle._server.proc.pid).children(True))]
     try:
         assert handle.health() and EngineHandle.connect(handle.url).health()
+        # The server, its scheduler (TP store) and detokenizer listen on loopback only.
+        found = loopback.listeners(handle._server.proc.pid)
+        assert found and not loopback.exposed(found), found
         ids = [tokenizer.encode(p) for p in PROMPTS[:2]]
         http_out = handle.generate(input_ids=ids, sampling=GREEDY, return_logprob=True)
         ray_out = engine.generate(input_ids=ids, sampling=GREEDY)

@@ -62,3 +62,10 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 if not any(type(f).__name__ == "_Finder" and type(f).__module__ == __name__ for f in sys.meta_path):
     sys.meta_path.insert(0, _Finder())
+
+# This module is imported early in every SGLang process on a CPU box (engine, scheduler, HTTP server), so
+# labkit's loopback guard rides along: the scheduler builds its TP group from tcp://127.0.0.1:<nccl_port>,
+# and torch's store for it would otherwise listen on the wildcard (labkit.compat.loopback).
+from labkit.compat import loopback as _loopback  # noqa: E402
+
+_loopback.patch_tcp_rendezvous()

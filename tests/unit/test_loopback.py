@@ -1,0 +1,53 @@
+"""labkit.compat.loopback without Ray: stores and sockets bind the address they are given, never the wildcard."""
+
+import socket
+from datetime import timedelta
+
+import pytest
+
+from labkit.compat import loopback
+
+
+def test_tcp_store_master_listens_on_loopback_only():
+    store = loopback.tcp_store("127.0.0.1", 0, 2, True, timedelta(seconds=10))
+    client = loopback.tcp_store("127.0.0.1", store.port, 2, False, timedelta(seconds=10))
+    client.set("k", "v")
+    assert store.get("k") == b"v"
+    mine = [x for x in loopback.listeners() if x["port"] == store.port]
+    assert mine and not loopback.exposed(mine), mine
+
+
+def test_patched_tcp_rendezvous_binds_the_given_address():
+    import importlib
+
+    rdzv = importlib.import_module("torch.distributed.rendezvous")
+    assert loopback.patch_tcp_rendezvous() and loopback.patch_tcp_rendezvous()  # idempotent
+    port = loopback.listen("127.0.0.1").getsockname()[1]  # a free port (closed again when collected)
+    store, rank, world = next(rdzv.rendezvous(f"tcp://127.0.0.1:{port}?rank=0&world_size=1",
+                                              timeout=timedelta(seconds=10)))
+    mine = [x for x in loopback.listeners() if x["port"] == port]
+    assert mine and not loopback.exposed(mine), mine
+
+
+def test_exposed_names_the_wildcard_and_routable_addresses():
+    found = [{"host": h, "port": 1, "pid": 1, "process": "p"}
+             for h in ("127.0.0.1", "::1", "::ffff:127.0.0.1", "0.0.0.0", "::", "192.0.2.2")]
+    assert [x["host"] for x in loopback.exposed(found)] == ["0.0.0.0", "::", "192.0.2.2"]
+
+
+def test_a_plain_wildcard_socket_is_reported_as_exposed():
+    s = socket.socket()
+    s.bind(("0.0.0.0", 0))
+    s.listen(1)
+    try:
+        port = s.getsockname()[1]
+        assert [x["port"] for x in loopback.exposed(loopback.listeners())].count(port) == 1
+    finally:
+        s.close()
+
+
+def test_listen_refuses_a_taken_port():
+    s = loopback.listen("127.0.0.1")
+    with pytest.raises(OSError):
+        loopback.listen("127.0.0.1", s.getsockname()[1])
+    s.close()
