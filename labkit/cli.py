@@ -101,14 +101,16 @@ def cmd_faults(args) -> int:
     from labkit import faults
 
     # Validate every flag before anything starts (FaultsConfig names the bad value).
-    trials = args.trials if args.trials is not None else (len(faults.QUICK_KINDS) if args.quick else 20)
+    default = faults.FaultsConfig()
+    trials = args.trials if args.trials is not None else (len(faults.QUICK_KINDS) if args.quick else default.trials)
     cfg = faults.FaultsConfig(trials=trials, seed=args.seed, quick=args.quick)
     out = faults.run(cfg)
     if not args.rows:
         out.pop("faults/rows", None)
     _write(out, args.out)
     _emit(out, args.json)
-    return 0 if out["faults/half_updated"] == 0 and out["faults/recovered"] == out["faults/trials"] else 1
+    ok = out["faults/half_updated"] == 0 and out["faults/recovered"] == out["faults/trials"]
+    return 0 if ok and out["faults/served_mid_sync"] == 0 else 1
 
 
 def _write(metrics: dict, path: str | None) -> None:
@@ -201,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(fn=cmd_mtp_experiment)
 
     d = sub.add_parser("faults", help="randomized fault injection at random points of real syncs")
-    d.add_argument("--trials", type=int, default=None, help="number of trials (default 20; --quick: one per kind)")
+    d.add_argument("--trials", type=int, default=None, help="number of trials (default 33: three rounds of the 11 kinds; --quick: one per kind)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--quick", action="store_true", help="only the faults that restart nothing, one trial each (tests)")
     d.add_argument("--rows", action="store_true", help="include one row per trial in the JSON")

@@ -255,12 +255,15 @@ class ActorBackend:
         def call(*args, **kwargs):
             import ray
 
-            from labkit.engine.errors import EngineError, EngineUnreachable
+            from labkit.engine.errors import EngineUnreachable
 
             try:
                 return ray.get(getattr(self.actor, method).remote(*args, **kwargs), timeout=self.timeout_s)
             except ray.exceptions.GetTimeoutError:
-                raise EngineError(f"engine actor call {method} did not answer within {self.timeout_s:.0f} s") from None
+                # As over HTTP: an engine that does not answer in time is wedged (unreachable), not refusing;
+                # the atomic guard then restarts it instead of waiting on it again.
+                raise EngineUnreachable(f"engine actor call {method} did not answer within "
+                                        f"{self.timeout_s:.0f} s") from None
             except ray.exceptions.ActorDiedError as e:
                 raise EngineUnreachable(f"engine actor died ({method}): {e}") from None
 

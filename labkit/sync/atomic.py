@@ -56,6 +56,7 @@ class Guard:
 
     def __init__(self, engine, root: str | None = None):
         self.engine, self.store, self.synced = engine, lastgood.Store(root), 0
+        self.modified = False  # the last restore found the engine's weights changed by the failed sync
 
     def close(self) -> None:
         self.store.close()
@@ -123,7 +124,7 @@ class Guard:
         try:
             restarted = self.restore(before, v_before, dtype, cfg.timeout_s)
             m.update({"sync/restored": True, "sync/engine_restarted": restarted,
-                      "sync/weight_version": v_before})
+                      "sync/modified_before_restore": self.modified, "sync/weight_version": v_before})
             state = f"the engine serves {v_before!r} again (bitwise, {len(before)} tensors checked)"
             if restarted:
                 state += " after a restart from its model dir"
@@ -165,7 +166,11 @@ class Guard:
                     raise
                 except EngineError:
                     pass
-        if engine.checksums() != before:
+        # Did the failed sync change the live engine's weights? (`labkit faults` counts these: it proves a
+        # fault really hit weights; a restarted engine comes back from its model dir and is not counted.)
+        changed = engine.checksums() != before
+        self.modified = changed and not restarted
+        if changed:
             self._push(engine, self.store.tensors(dtype))
         engine.set_weight_version(v_before)
         now = engine.checksums()

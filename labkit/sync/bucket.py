@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from labkit.sync import failpoints as fp
 from labkit.sync.plan import Bucket
 
 
@@ -38,7 +39,9 @@ def pack(bucket: Bucket, tensors: dict[str, torch.Tensor], out: torch.Tensor) ->
     if out.dtype != torch.uint8 or out.numel() < bucket.nbytes:
         raise ValueError(f"buffer of {out.numel()} {out.dtype} cannot hold bucket {bucket.index} ({bucket.nbytes} bytes)")
     flat, offset = out[: bucket.nbytes], 0
-    for meta in bucket.tensors:
+    for i, meta in enumerate(bucket.tensors):
+        if i == len(bucket.tensors) // 2:
+            fp.hit("bucket.pack")
         t = tensors[meta.name]
         if tuple(t.shape) != meta.shape:
             raise ValueError(f"{meta.name}: shape {tuple(t.shape)} != planned {meta.shape}")

@@ -8,24 +8,43 @@ lookup. The points (in the order a sync reaches them):
     sync.bucket      before bucket i is sent (nth=i+1 picks the bucket)
     sync.end         every bucket landed, before end_weight_update
     sync.version     after end_weight_update, before the new weight_version is set
+    bucket.pack      half-way through packing a bucket (nth: the bucket)
     transport.open   distributed transport, before the rendezvous port is bound (ctx: port)
-    transport.send   distributed transport, after the engine started receiving, before the broadcast
+    transport.peer   distributed transport, before the engine is told to join the group (`skip`: it never does)
+    transport.send   flattened transports, the bucket packed, before it leaves (ctx: flat, the packed bytes)
+    engine.apply     inside the engine's apply (SGLang's scheduler process, labkit's model `load_weights`),
+                     before the nth tensor whose name contains `match` (e.g. ".k_proj.": q of that fused
+                     group is written, k and v are not)
 
 Actions: `raise` (an exception, as a bug would), `hang` (stop, alive, until released or `limit_s`: a stuck
 peer), `wait` (write `marker`, then block until the driver deletes `gate`: the driver kills a process at an
 exact point, as `ray.kill` would in production), `squat` (bind and listen on ctx's port: another program
-took the port we were about to use).
+took the port we were about to use), `corrupt` (flip one byte of ctx's `flat`: damage in transit), `skip`
+(`hit` answers True and the caller leaves its step out), `crash` (the process exits at once, as a segfault
+would).
+
+`engine.apply` fires in a process labkit does not start itself (SGLang's scheduler, a child of the engine
+actor or server). Armed there by `arm_in_actor(engine_actor, "engine.apply", ...)`, it is written to a file
+named after the arming process, which the scheduler (its child) reads once per update call: unarmed, one
+`stat` per call.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import random
 import socket
+import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
-POINTS = ("sync.begin", "sync.bucket", "sync.end", "sync.version", "transport.open", "transport.send")
-ACTIONS = ("raise", "hang", "wait", "squat")
+POINTS = ("sync.begin", "sync.bucket", "sync.end", "sync.version", "bucket.pack", "transport.open", "transport.peer",
+          "transport.send", "engine.apply")
+ACTIONS = ("raise", "hang", "wait", "squat", "corrupt", "skip", "crash")
+ENGINE_POINTS = ("engine.apply",)
+ARM_DIR = Path(tempfile.gettempdir()) / "labkit-failpoints"
 
 
 class FaultInjected(RuntimeError):
@@ -40,6 +59,7 @@ class Armed:
     marker: str | None = None
     gate: str | None = None
     limit_s: float = 600.0  # a hang/wait never outlives this: no test leaves a process behind forever
+    match: str = ""  # engine.apply: count only tensors whose name contains this
     hits: int = 0
     fired: bool = False
     held: list = field(default_factory=list)  # squatted sockets, kept open until disarm()
@@ -58,7 +78,12 @@ _ARMED: dict[str, Armed] = {}
 
 
 def arm(point: str, action: str, nth: int = 1, **kw) -> None:
-    _ARMED[point] = Armed(point, action, nth, **kw)
+    a = Armed(point, action, nth, **kw)
+    if point in ENGINE_POINTS:  # for this process's children (SGLang's scheduler)
+        ARM_DIR.mkdir(exist_ok=True)
+        _arm_file(os.getpid()).write_text(json.dumps({k: v for k, v in asdict(a).items() if k != "held"}))
+        return
+    _ARMED[point] = a
 
 
 def disarm() -> dict:
@@ -68,33 +93,68 @@ def disarm() -> dict:
         for s in a.held:
             s.close()
     _ARMED.clear()
+    _arm_file(os.getpid()).unlink(missing_ok=True)
     return out
 
 
-def hit(point: str, **ctx) -> None:
+def _arm_file(pid: int) -> Path:
+    return ARM_DIR / f"{pid}.json"
+
+
+_STAMPS: dict[str, int] = {}  # engine points: mtime of the arming file the in-process state was read from
+
+
+def engine_armed(point: str) -> bool:
+    """In an engine's scheduler: whether its parent armed `point` (read when the arming file changes; the hit
+    count then lives in this process across update calls)."""
+    try:
+        stamp = _arm_file(os.getppid()).stat().st_mtime_ns
+    except FileNotFoundError:
+        _ARMED.pop(point, None)
+        return False
+    if _STAMPS.get(point) != stamp:
+        _ARMED[point] = Armed(**json.loads(_arm_file(os.getppid()).read_text()))
+        _STAMPS[point] = stamp
+    return _ARMED[point].point == point and not _ARMED[point].fired
+
+
+def hit(point: str, **ctx) -> bool:
+    """Fire `point` if armed (and this is its nth hit). True only for a `skip` that fired."""
     a = _ARMED.get(point)
-    if a is None or a.fired:
-        return
+    if a is None or a.fired or (a.match and a.match not in ctx.get("name", "")):
+        return False
     a.hits += 1
     if a.hits != a.nth:
-        return
+        return False
     a.fired = True
     if a.action == "raise":
         raise FaultInjected(f"injected fault at {point} (hit {a.hits})")
+    if a.action == "skip":
+        return True
+    if a.action == "crash":
+        os._exit(70)
+    if a.action == "corrupt":
+        flat = ctx["flat"]
+        i = random.Random(a.hits).randrange(flat.numel())
+        flat[i] ^= 0x5A  # one byte; the engine gets it as it is
+        return False
     if a.action == "squat":
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         s.bind((ctx.get("host", "127.0.0.1"), ctx["port"]))
         s.listen(1)
         a.held.append(s)
-        return
+        return False
     if a.action == "wait" and a.marker:
         with open(a.marker, "w") as f:
             f.write(f"{point} {os.getpid()}\n")
     deadline = time.monotonic() + a.limit_s
     while time.monotonic() < deadline:  # hang / wait: alive, doing nothing, until released
         if a.gate is not None and not os.path.exists(a.gate):
-            return
+            return False
         time.sleep(0.05)
+    if point in ENGINE_POINTS:  # a hung engine that is never released dies, as a watchdog would kill it
+        os._exit(71)
+    return False
 
 
 def arm_in_actor(actor, point: str, action: str, nth: int = 1, timeout_s: float = 60.0, **kw) -> None:

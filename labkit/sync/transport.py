@@ -62,6 +62,7 @@ class Colocated:
         from sglang.srt.utils import MultiprocessingSerializer
 
         t0 = time.perf_counter()
+        fp.hit("transport.send", flat=flat)
         payload = MultiprocessingSerializer.serialize({"flattened_tensor": flat, "metadata": bk.metadata(b)},
                                                       output_str=True)
         t1 = time.perf_counter()
@@ -128,8 +129,9 @@ class Distributed:
         addr, world = node_ip(), 1 + engine.tp_size
         store, port, self.port_retries = bind_store(addr, world, self.timeout_s)
         # Both sides build the group at once: the engine call blocks until the trainer joins.
-        fut = self._pool.submit(engine.init_weights_update_group, master_address=addr, master_port=port,
-                                rank_offset=1, world_size=world, group_name=self.group_name, backend=backend)
+        fut = None if fp.hit("transport.peer") else self._pool.submit(
+            engine.init_weights_update_group, master_address=addr, master_port=port, rank_offset=1,
+            world_size=world, group_name=self.group_name, backend=backend)
         self.pg = join_group(store, world, self.group_name, backend, self.timeout_s)
         fut.result(timeout=self.timeout_s)
 
@@ -138,7 +140,7 @@ class Distributed:
         fut = self._pool.submit(engine.update_weights_from_distributed, names=b.names,
                                 dtypes=[t.dtype for t in b.tensors], shapes=[list(t.shape) for t in b.tensors],
                                 group_name=self.group_name, load_format="flattened_bucket", flush_cache=False)
-        fp.hit("transport.send")
+        fp.hit("transport.send", flat=flat)
         torch.distributed.broadcast(flat, src=0, group=self.pg)
         t1 = time.perf_counter()
         fut.result(timeout=self.timeout_s)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from labkit.config import ParallelSpec, TrainConfig
+from labkit.faults import QUICK_KINDS
 from labkit.sync import SyncConfig, engine_spec
 from labkit.sync import failpoints as fp
 from labkit.sync.atomic import SyncFailed, guard_for
@@ -226,8 +227,10 @@ def test_labkit_faults_quick(capsys):
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     print(f"labkit faults --quick: {time.monotonic() - t0:.0f} s: {out}")
     for key in ("faults/trials", "faults/half_updated", "faults/recovered", "faults/kinds", "faults/per_kind",
-                "faults/served_mid_sync", "faults/recover_s_max", "faults/wall_s"):
+                "faults/modified_then_restored", "faults/served_mid_sync", "faults/recover_s_max", "faults/wall_s"):
         assert key in out, key
-    assert out["faults/trials"] == 3 and out["faults/half_updated"] == 0
-    assert out["faults/recovered"] == out["faults/trials"] and out["faults/served_mid_sync"] == 0
+    assert out["faults/trials"] == len(QUICK_KINDS) and set(out["faults/kinds"]) == set(QUICK_KINDS)
+    assert out["faults/half_updated"] == 0 and out["faults/recovered"] == out["faults/trials"]
+    # served_mid_sync == 0 means something only if probes ran while syncs were held mid-way
+    assert out["faults/mid_sync_probes"] >= 3 and out["faults/served_mid_sync"] == 0
     assert rc == 0

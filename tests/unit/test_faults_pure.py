@@ -121,17 +121,50 @@ def test_store_keeps_one_last_good_copy(tmp_path):
 
 
 def test_trials_cover_every_kind_evenly_with_valid_points():
-    trials = plan_trials(20, seed=0)
+    n = FaultsConfig().trials
+    trials = plan_trials(n, seed=0)
     counts = {k: sum(t.kind == k for t in trials) for k in KINDS}
-    assert len(trials) == 20 and min(counts.values()) >= 3 and max(counts.values()) <= 4
-    assert plan_trials(20, seed=0) == trials and plan_trials(20, seed=1) != trials
+    assert n >= 30 and len(KINDS) >= 8 and set(counts.values()) == {n // len(KINDS)}
+    assert counts["apply_crash"] + counts["apply_hang"] >= 5 and counts["corrupt_in_transit"] >= 3
+    assert plan_trials(n, seed=0) == trials and plan_trials(n, seed=1) != trials
     for t in trials:
-        if t.kind in ("peer_hang", "port_in_use"):
-            assert t.transport == "distributed"
-        if t.point == "transport.send":
-            assert t.transport == "distributed"
+        if t.kind in ("peer_hang", "peer_absent", "port_in_use") or t.point == "transport.send":
+            assert t.transport == "distributed" or t.kind == "corrupt_in_transit"
+        if t.kind in ("corrupt_in_transit", "trainer_killed_packing"):
+            assert t.transport != "per-tensor"  # only a flattened transport packs a bucket
         assert (t.point is None) == (t.kind == "bad_tensor")
-    assert {t.kind for t in plan_trials(3, 3, QUICK_KINDS)} == set(QUICK_KINDS)
+        if t.point is not None:
+            fp.Armed(t.point, t.action, marker="m", gate="g")  # a point and action the failpoints know
+    assert {t.kind for t in plan_trials(len(QUICK_KINDS), 3, QUICK_KINDS)} == set(QUICK_KINDS)
+
+
+def test_corrupt_flips_one_byte_and_skip_tells_the_caller():
+    flat = torch.zeros(64, dtype=torch.uint8)
+    fp.arm("transport.send", "corrupt", nth=2)
+    fp.hit("transport.send", flat=flat)
+    assert int(flat.count_nonzero()) == 0
+    fp.hit("transport.send", flat=flat)
+    assert int(flat.count_nonzero()) == 1
+    fp.arm("transport.peer", "skip")
+    assert fp.hit("transport.peer") is True and fp.hit("transport.peer") is False
+
+
+def test_engine_points_are_armed_for_the_child_process_that_applies(tmp_path):
+    """engine.apply fires in SGLang's scheduler, a child of the process that armed it, on the nth match."""
+    import subprocess
+    import sys
+
+    fp.arm("engine.apply", "raise", nth=2, match=".k_proj.")
+    child = ("from labkit.sync import failpoints as fp\n"
+             "assert fp.engine_armed('engine.apply')\n"
+             "for n in ['l0.q_proj.w', 'l0.k_proj.w', 'l1.q_proj.w']: fp.hit('engine.apply', name=n)\n"
+             "try:\n    fp.hit('engine.apply', name='l1.k_proj.w')\nexcept fp.FaultInjected:\n    print('FIRED')\n")
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert "FIRED" in out.stdout, out.stderr
+    fp.disarm()
+    out = subprocess.run([sys.executable, "-c", "from labkit.sync import failpoints as fp; "
+                          "print(fp.engine_armed('engine.apply'))"], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
 
 
 @pytest.mark.parametrize("kw,match", [({"trials": 0}, "trials=0"), ({"trials": 2.5}, "trials=2.5"),

@@ -26,6 +26,8 @@ import torch
 from sglang.srt.models.mimo import MiMoForCausalLM as _SGLangMiMo
 from torch import nn
 
+from labkit.sync import failpoints as fp
+
 logger = logging.getLogger(__name__)
 
 # HF shard name -> (fused SGLang name, shard index in the fused output dim)
@@ -92,6 +94,8 @@ class MiMoForCausalLM(_SGLangMiMo):
 
     def load_weights(self, weights):
         """MTP tensors go into the draft store; everything else to SGLang's loader unchanged (streamed)."""
+        if fp.engine_armed("engine.apply"):  # `labkit faults`: a failure in the middle of an apply
+            weights = _with_failpoint(weights)
         return super().load_weights(self._divert_mtp(weights))
 
     def _divert_mtp(self, weights):
@@ -159,6 +163,12 @@ class MiMoForCausalLM(_SGLangMiMo):
         except Exception as e:  # SGLang's contract: log and answer None
             logger.error(f"labkit MiMo get_weights_by_name({name!r}) failed: {type(e).__name__}: {e}")
             return None
+
+
+def _with_failpoint(weights):
+    for name, t in weights:  # SGLang's loader writes each tensor before it pulls the next
+        fp.hit("engine.apply", name=name)
+        yield name, t
 
 
 EntryClass = MiMoForCausalLM
