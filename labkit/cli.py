@@ -113,12 +113,26 @@ def cmd_faults(args) -> int:
     return 0 if ok and out["faults/served_mid_sync"] == 0 else 1
 
 
+def cmd_report(args) -> int:
+    from labkit import report
+
+    stale = report.update(check=args.check)
+    print(f"README tables {'stale' if args.check else 'rebuilt'}: {', '.join(stale) or 'none'}")
+    return 1 if args.check and stale else 0
+
+
+_COMMAND: list[str] = []  # this invocation's argv: a stored run says what made it
+
+
 def _write(metrics: dict, path: str | None) -> None:
+    """`--out PATH`: the run as JSON, led by the command that made it (stored runs under data/ are quoted)."""
     if path:
+        import shlex
         from pathlib import Path
 
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(metrics, indent=2, default=str))
+        record = {"command": shlex.join(["labkit", *_COMMAND]), **metrics}
+        Path(path).write_text(json.dumps(record, indent=2, default=str))
 
 
 def _positive_float(name):
@@ -211,6 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true")
     d.set_defaults(fn=cmd_faults)
 
+    d = sub.add_parser("report", help="rebuild the README's tables from the stored runs in data/")
+    d.add_argument("--check", action="store_true", help="change nothing; exit 1 if a table is stale")
+    d.set_defaults(fn=cmd_report)
+
     sub.add_parser("notebook", add_help=False,
                    help="notebooks headless (papermill): run NAME [-p KEY VALUE]... | sweep NAME -p KEY v1,v2,... | list | check")
 
@@ -231,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return notebook.main(argv[1:])
     args = build_parser().parse_args(argv)
+    _COMMAND[:] = argv
     try:
         return args.fn(args)
     except (ValueError, FileNotFoundError) as e:

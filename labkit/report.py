@@ -1,0 +1,74 @@
+"""README tables generated from the stored runs in data/ (`labkit report`; `--check` fails when one is stale).
+
+A table lives between `<!-- table:NAME -->` and `<!-- /table:NAME -->` in README.md and is rebuilt from
+`data/<file>` with the command that made the run, so a number in the README is always one a stored run holds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _row(cells) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def faults_table(run: dict) -> list[str]:
+    head = ["kind", "trials", "recovered", "half-updated", "modified, then restored", "engine restarted",
+            "slowest restore (s)"]
+    lines = [_row(head), _row(["---"] * len(head))]
+    for kind, k in sorted(run["faults/per_kind"].items()):
+        lines.append(_row([kind, k["trials"], k["recovered"], k["half_updated"], k["modified_then_restored"],
+                           k["engine_restarted"], f"{k['recover_s_max']:.1f}"]))
+    lines.append(_row(["**all**", run["faults/trials"], run["faults/recovered"], run["faults/half_updated"],
+                       run["faults/modified_then_restored"], run["faults/engine_restarts"],
+                       f"{run['faults/recover_s_max']:.1f}"]))
+    lines.append("")
+    lines.append(f"Generates answered while a sync was held mid-way: {run['faults/served_mid_sync']} of "
+                 f"{run['faults/mid_sync_probes']} probes. Wall time {run['faults/wall_s'] / 60:.1f} min.")
+    return lines
+
+
+def serve_table(run: dict) -> list[str]:
+    modes = run.get("serve/modes", [])
+    keys = [("serve/requests", "requests"), ("serve/mixed_responses", "mixed responses"),
+            ("serve/aborted", "aborted"), ("serve/pause_seconds", "paused (s)"),
+            ("serve/sync_seconds", "sync under load (s)")]
+    head = ["pause mode", *(label for _, label in keys)]
+    lines = [_row(head), _row(["---"] * len(head))]
+    for mode in modes:
+        vals = [run.get(f"{k}/{mode}", "") for k, _ in keys]
+        lines.append(_row([mode, *(f"{v:.2f}" if isinstance(v, float) else v for v in vals)]))
+    return lines
+
+
+TABLES = {"faults": ("faults_cpu.json", faults_table), "serve-sync": ("bench_serve_sync_cpu.json", serve_table)}
+
+
+def render(name: str, data_dir: Path) -> str:
+    file, fn = TABLES[name]
+    run = json.loads((data_dir / file).read_text())
+    cmd = run.get("command", "?")
+    return "\n".join([*fn(run), "", f"(from `data/{file}`, made by `{cmd}`; regenerate with `labkit report`)"])
+
+
+def update(readme: Path = ROOT / "README.md", data_dir: Path = ROOT / "data", check: bool = False) -> list[str]:
+    """Rebuild every table block whose data file exists; returns the names that were stale."""
+    text = readme.read_text()
+    stale = []
+    for name, (file, _) in TABLES.items():
+        pat = re.compile(rf"(<!-- table:{re.escape(name)} -->\n)(.*?)(<!-- /table:{re.escape(name)} -->)", re.S)
+        m = pat.search(text)
+        if m is None or not (data_dir / file).exists():
+            continue
+        body = render(name, data_dir) + "\n"
+        if m.group(2) != body:
+            stale.append(name)
+            text = text[:m.start(2)] + body + text[m.end(2):]
+    if stale and not check:
+        readme.write_text(text)
+    return stale
