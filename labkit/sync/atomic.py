@@ -95,6 +95,8 @@ class Guard:
         m["timing/sync/guard"] = round(t_guard + time.perf_counter() - t1, 6)
         m.update({"sync/atomic": True, "sync/restored": False, "timing/sync/total_guarded":
                   round(time.perf_counter() - t0, 6)})
+        # verify="none" is refused by SyncConfig unless unsafe_skip_verify: say so wherever these weights are logged
+        m["sync/unsafe_skip_verify"] = cfg.verify == "none"
         return m
 
     def _ensure_last_good(self, before: dict, v_before: str, dtype: str, spec: dict) -> None:

@@ -171,3 +171,35 @@ def validate(plan: Plan, engine: dict[str, tuple[tuple[int, ...], str]]) -> None
     if problems:
         more = f" (+{len(problems) - 10} more)" if len(problems) > 10 else ""
         raise ValueError("sync plan does not match the engine's model: " + "; ".join(problems[:10]) + more)
+
+
+
+def excluding(named: Iterable, exclude: tuple[str, ...], excluded: list[str]):
+    """(name, tensor) pairs minus names containing any of `exclude` (those are appended to `excluded`)."""
+    for name, t in named:
+        if any(x in name for x in exclude):
+            excluded.append(name)
+            continue
+        yield name, t
+
+
+def check_coverage(plan: Plan, engine: dict | None, exclude: tuple[str, ...] = (),
+                   n_excluded: int = 0) -> list[str] | None:
+    """Refuse a sync that sends nothing, or that leaves an engine tensor out without the caller naming it
+    (`exclude`): only sent tensors are verified, so either would "verify" while serving stale weights.
+    Returns the engine tensors left unchanged on purpose (None without the engine's tensor list)."""
+    if not plan.tensors:
+        why = (f"exclude={exclude!r} matched all {n_excluded} tensors of the trainer's export" if n_excluded
+               else "the trainer's export has no tensors")
+        raise ValueError(f"empty sync refused: {why}; nothing would be sent or verified")
+    if engine is None:
+        return None
+    validate(plan, engine)
+    sent = {t.name for t in plan.tensors}
+    left = [n for n in engine if n not in sent]
+    missing = [n for n in left if not any(x in n for x in exclude)]
+    if missing:
+        raise ValueError(f"incomplete sync refused: {len(missing)} engine tensors are not in the trainer's export "
+                         f"and not excluded, they would keep stale weights (e.g. {missing[:3]}); name tensors "
+                         "left unchanged on purpose with exclude=")
+    return [n for n in left if any(x in n for x in exclude)]

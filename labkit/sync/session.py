@@ -24,7 +24,7 @@ from labkit.sync import bucket as bk
 from labkit.sync import failpoints as fp
 from labkit.sync import lastgood
 from labkit.sync import verify as vf
-from labkit.sync.plan import Plan, TensorMeta, plan_buckets, validate
+from labkit.sync.plan import Plan, TensorMeta, check_coverage, excluding, plan_buckets
 from labkit.sync.transport import TRANSPORTS, make
 
 MB = 1 << 20
@@ -44,6 +44,7 @@ class SyncConfig:
     timeout_s: float = 120.0  # the longest single wait: engine call, rendezvous, broadcast
     deadline_s: float = 600.0  # the whole sync (atomic): a trainer still busy then is killed, the engine restored
     stage_dir: str | None = None  # write a host copy of what is sent here (set by sync.atomic)
+    unsafe_skip_verify: bool = False  # let the atomic guard serve (and keep as rollback) verify="none" weights
 
     def __post_init__(self) -> None:
         check(self.transport in TRANSPORTS, "transport", self.transport, f"one of {', '.join(TRANSPORTS)}")
@@ -57,6 +58,12 @@ class SyncConfig:
         check(self.verify in ("checksum", "full", "none"), "verify", self.verify, "checksum, full or none")
         check(self.selector in ("all", "target", "draft"), "selector", self.selector, "all, target or draft")
         check(isinstance(self.atomic, bool), "atomic", self.atomic, "True or False")
+        check(isinstance(self.unsafe_skip_verify, bool), "unsafe_skip_verify", self.unsafe_skip_verify,
+              "True or False")
+        if self.atomic and self.verify == "none" and not self.unsafe_skip_verify:
+            raise ValueError("verify='none' is refused by the atomic guard (atomic=True): it would serve, and keep as "
+                             "the rollback target, weights nobody checked; pass unsafe_skip_verify=True to serve "
+                             "unverified weights, or atomic=False to measure the bare transport")
         for f in ("timeout_s", "deadline_s"):
             v = getattr(self, f)
             check(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0, f, v,
@@ -97,12 +104,15 @@ class Syncer:
         self.version = 0
 
     def run(self, named_iter, engine, cfg: SyncConfig, engine_spec: dict | None = None,
-            weight_version: str | None = None) -> dict:
+            weight_version: str | None = None, exclude: tuple[str, ...] = ()) -> dict:
+        """`exclude`: name substrings left out on purpose (they stay unchanged and are reported unverified)."""
         from tqdm.auto import tqdm
 
         t_start = time.perf_counter()
         phases = dict.fromkeys(("gather", "pack", "transfer", "load", "verify", "stage", "session", "setup"), 0.0)
         transport = make(cfg.transport, timeout_s=cfg.timeout_s)
+        excluded: list[str] = []
+        named_iter = excluding(named_iter, tuple(exclude), excluded) if exclude else named_iter
         replan = self.plan is None or self.plan.bucket_bytes != (1 if cfg.transport == "per-tensor" else cfg.bucket_bytes)
         if replan:
             named_iter = list(named_iter)  # first sync: learn the tensor list, then replay the plan
@@ -112,8 +122,12 @@ class Syncer:
             self.plan = make_plan(metas_of(named_iter), cfg, engine_spec and engine_spec.get("dtype"))
             self.pool = None
         plan = self.plan
-        if engine_spec is not None:
-            validate(plan, engine_spec["tensors"])  # before the first byte moves
+        try:  # before the first byte moves
+            unverified = check_coverage(plan, None if engine_spec is None else engine_spec["tensors"], tuple(exclude),
+                                        len(excluded))
+        except ValueError:
+            self.plan = None  # a bad plan is not replayed: the next sync lists the export again
+            raise
         device = "cuda" if torch.cuda.is_available() else "cpu"
         if device == "cpu":
             # Handles to CPU tensors must name shm files: the default fd strategy's handshake is refused
@@ -165,20 +179,7 @@ class Syncer:
                     self._collect(pending, phases)
                 fp.hit("sync.bucket")
                 pending, pending_b = pool.submit(transport.send, engine, b, tensors, flat), b
-                if cfg.verify != "none" or stage is not None:
-                    t3 = time.perf_counter()
-                    views = dict(bk.unpack(b, flat)) if flat is not None else {
-                        m.name: tensors[m.name].detach().to("cpu", bk.torch_dtype(m.dtype)) for m in b.tensors}
-                    if stage is not None:  # the copy is taken before the buffer is reused for bucket i+2
-                        stage.add(views)
-                        t4 = time.perf_counter()
-                        phases["stage"] += t4 - t3
-                        t3 = t4
-                    if cfg.verify != "none":
-                        expected.add(views)
-                    if cfg.verify == "full":
-                        kept.update({n: v.clone() for n, v in views.items()})
-                    phases["verify"] += time.perf_counter() - t3
+                self._keep(b, tensors, flat, cfg, stage, expected, kept, phases)
             for _ in it:  # drain: the other ranks' collectives need every step of the export
                 pass
             if pending is not None:
@@ -216,13 +217,14 @@ class Syncer:
         phases["session"] += time.perf_counter() - t_s
         self.version += 1
 
-        result = {"sync/verified": None}
+        result = {"sync/verified": None, "sync/unverified": None if unverified is None else unverified[:20],
+                  "sync/num_unverified": None if unverified is None else len(unverified)}
         if cfg.verify != "none":
             t3 = time.perf_counter()
             if cfg.verify == "full":
-                result = vf.compare_full(kept, engine.get_tensor)
+                result.update(vf.compare_full(kept, engine.get_tensor))
             else:
-                result = vf.compare(expected.finish(), engine.checksums())
+                result.update(vf.compare(expected.finish(), engine.checksums()))
             phases["verify"] += time.perf_counter() - t3
         if stage is not None:
             t3 = time.perf_counter()
@@ -248,6 +250,27 @@ class Syncer:
         })
         return out
 
+    @staticmethod
+    def _keep(b, tensors: dict, flat, cfg: SyncConfig, stage, expected: vf.Expected, kept: dict, phases: dict) -> None:
+        """Once bucket b is handed to the transport: the rollback copy (`stage`, from the flat buffer, before
+        it is reused for bucket i+2) and the expected checksums. Those are hashed from the EXPORTED tensors
+        cast to the engine dtype (the packer's cast), never from the packed buffer: a packing bug (wrong
+        offset, wrong cast) then fails verification instead of being hashed into the expectation."""
+        t0 = time.perf_counter()
+        if stage is not None:
+            stage.add(dict(bk.unpack(b, flat)) if flat is not None else {
+                m.name: tensors[m.name].detach().to("cpu", bk.torch_dtype(m.dtype)) for m in b.tensors})
+            t1 = time.perf_counter()
+            phases["stage"] += t1 - t0
+            t0 = t1
+        if cfg.verify == "none":
+            return
+        cast = {m.name: tensors[m.name].detach().to(bk.torch_dtype(m.dtype)) for m in b.tensors}
+        expected.add(cast)
+        if cfg.verify == "full":
+            kept.update({n: t.to("cpu", copy=True) for n, t in cast.items()})
+        phases["verify"] += time.perf_counter() - t0
+
     def _buffer(self, b, cfg: SyncConfig, device: str) -> torch.Tensor:
         if not b.oversize:
             return self.pool.take()
@@ -268,8 +291,9 @@ class Syncer:
             if len(tensors) == len(b.tensors):
                 break
         if set(tensors) != set(b.names):
-            raise RuntimeError(f"export order changed since the plan was made: got {sorted(tensors)[:3]}, "
-                               f"planned {b.names[:3]}")
+            lost, extra = sorted(set(b.names) - set(tensors)), sorted(set(tensors) - set(b.names))
+            raise RuntimeError(f"export order changed since the plan was made (bucket {b.index}): planned but not "
+                               f"exported in order {lost[:3]}, unplanned {extra[:3]}")
         return tensors
 
     @staticmethod

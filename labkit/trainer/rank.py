@@ -196,7 +196,8 @@ class TrainerRank:
              exclude: tuple[str, ...] = ()) -> dict | None:
         """Push this trainer's weights into `engine` (labkit.sync). Every rank must call it; rank 0 returns metrics.
 
-        `exclude`: name substrings left out of the sync (e.g. the MTP draft, to study an unsynced draft).
+        `exclude`: name substrings left out of the sync on purpose (e.g. the MTP draft, to study an unsynced
+        draft): those engine tensors keep their weights and are reported in `sync/unverified`.
         """
         from labkit.sync.session import Syncer
         from labkit.trainer.bridge import export_unique
@@ -207,8 +208,7 @@ class TrainerRank:
                 return None
             syncers = self.__dict__.setdefault("syncers", {})  # one replayed plan per tensor subset
             syncer = syncers.setdefault(tuple(exclude), Syncer())
-            named = gen if not exclude else ((n, t) for n, t in gen if not any(x in n for x in exclude))
-            return syncer.run(named, engine, cfg, engine_spec, weight_version)
+            return syncer.run(gen, engine, cfg, engine_spec, weight_version, exclude=tuple(exclude))
         finally:
             # Whatever happened on rank 0, finish the export so no other rank waits in a collective forever.
             try:

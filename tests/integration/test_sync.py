@@ -45,13 +45,17 @@ def _greedy_matches(trainer, engine, n=4, new=6):
     return eng == trainer.greedy(ids, new, eos_id=EOS)
 
 
+SEEDS = {"per-tensor": 101, "colocated": 202, "distributed": 303}  # fixed: hash(str) changes with PYTHONHASHSEED
+
+
 @pytest.mark.parametrize("transport", ["per-tensor", "colocated", "distributed"])
 def test_every_transport_syncs_a_trained_model_bitwise(transport, trainer, engine):
-    _train(trainer, seed=hash(transport) % 1000)
+    _train(trainer, seed=SEEDS[transport])
     before = engine.weight_version
     m = sync(trainer, engine, SyncConfig(transport=transport, bucket_mb=0.02, progress=False))
     assert m["sync/verified"] is True, m
     assert m["verify/num_checked"] > 0 and not m["verify/missing"] and not m["verify/mismatched"]
+    assert m["sync/unverified"] == [] and m["sync/num_unverified"] == 0  # every engine tensor was covered
     assert m["sync/weight_version"] == engine.weight_version != before
     assert m["sync/num_buckets"] > 1 or transport == "per-tensor"
     for key in ("gather", "pack", "transfer", "load", "verify", "total"):
@@ -130,3 +134,81 @@ def test_engine_serves_the_new_weights_not_stale_prefix_cache(trainer, engine):
     after = rollout(wb, n=6, seed=3)
     agree = logprob_agreement(wb, after["rows"])
     assert agree["max_abs_diff"] < 1e-4, agree["max_abs_diff"]
+
+
+def _patch_export(trainer, drop: str | None) -> None:
+    """Inside the real trainer's process, make its export lose tensor `drop` ("*": all of them), as an
+    exporter bug would; None undoes it. The export still runs in full (other ranks' collectives need it)."""
+    import ray
+
+    def patch(_rank):
+        import labkit.trainer.bridge as br
+
+        orig = br.__dict__.setdefault("_orig_export_unique", br.export_unique)
+        if drop is None:
+            br.export_unique = br.__dict__.pop("_orig_export_unique")
+        else:
+            br.export_unique = lambda *a, **k: ((n, t) for n, t in orig(*a, **k) if drop != "*" and n != drop)
+
+    ray.get([a.__ray_call__.remote(patch) for a in trainer.actors], timeout=60)
+
+
+@pytest.mark.parametrize("replayed", [False, True])
+def test_a_tensor_missing_from_the_export_fails_and_the_engine_keeps_its_weights(replayed, trainer, engine):
+    """Only sent tensors are compared, so a tensor the export lost would keep stale weights and "verify".
+    A new plan refuses it before anything moves; a replayed plan (made with it) fails mid-sync and restores."""
+    from dataclasses import replace
+
+    from labkit.sync.atomic import SyncFailed
+
+    cfg = SyncConfig(transport="colocated", bucket_mb=0.03, progress=False)
+    sync(trainer, engine, cfg)  # the plan for 0.03 MiB buckets, made with every tensor
+    version, sums = engine.weight_version, engine.checksums()
+    _train(trainer, steps=1, seed=640)
+    name = "model.layers.1.mlp.down_proj.weight"
+    _patch_export(trainer, name)
+    try:
+        with pytest.raises(SyncFailed, match=rf"export order changed .*{name}" if replayed else
+                           rf"incomplete sync refused: 1 engine tensors .*{name}") as e:
+            sync(trainer, engine, cfg if replayed else replace(cfg, bucket_mb=0.045))
+    finally:
+        _patch_export(trainer, None)
+    assert e.value.restored and engine.weight_version == version and engine.checksums() == sums
+
+
+def test_excluded_tensors_are_named_unverified(trainer, engine):
+    _train(trainer, steps=1, seed=660)
+    m = sync(trainer, engine, SyncConfig(transport="colocated", progress=False), exclude=(".mtp_layers.",))
+    assert m["sync/verified"] is True and m["sync/num_unverified"] > 0
+    assert all(".mtp_layers." in n for n in m["sync/unverified"])
+
+
+def test_an_empty_sync_is_refused_before_anything_moves(trainer, engine):
+    from labkit.sync.atomic import SyncFailed
+
+    version, sums = engine.weight_version, engine.checksums()
+    with pytest.raises(ValueError, match=r"empty sync refused: exclude=\('.',\) names all"):
+        sync(trainer, engine, SyncConfig(transport="colocated", progress=False), exclude=(".",))
+    with pytest.raises(ValueError, match="exclude='mtp'"):
+        sync(trainer, engine, SyncConfig(transport="colocated", progress=False), exclude="mtp")
+    _patch_export(trainer, "*")  # the trainer-side check: the export yields nothing at all
+    try:
+        with pytest.raises(SyncFailed, match="empty sync refused: the trainer's export has no tensors") as e:
+            # a bucket size no other test uses: a plan made now, from the empty export (a replayed one would
+            # fail mid-sync instead, as in the test above)
+            sync(trainer, engine, SyncConfig(transport="colocated", bucket_mb=0.07, progress=False))
+    finally:
+        _patch_export(trainer, None)
+    assert e.value.restored and engine.weight_version == version and engine.checksums() == sums
+
+
+def test_verify_none_is_served_only_with_unsafe_skip_verify(trainer, engine):
+    with pytest.raises(ValueError, match="verify='none' is refused by the atomic guard.*unsafe_skip_verify=True"):
+        SyncConfig(transport="colocated", verify="none", progress=False)
+    _train(trainer, steps=1, seed=680)
+    m = sync(trainer, engine, SyncConfig(transport="colocated", verify="none", unsafe_skip_verify=True,
+                                         progress=False))
+    assert m["sync/unsafe_skip_verify"] is True and m["sync/verified"] is None
+    assert engine.weight_version == m["sync/weight_version"]
+    m = sync(trainer, engine, SyncConfig(transport="colocated", progress=False))
+    assert m["sync/unsafe_skip_verify"] is False and m["sync/verified"] is True
