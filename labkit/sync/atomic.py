@@ -89,7 +89,7 @@ class Guard:
             raise self._fail(e, before, v_before, version, dtype, time.perf_counter() - t0, cfg) from None
         t1 = time.perf_counter()
         after = engine.checksums()
-        self.store.promote(staging, version, after)
+        self.store.promote(staging, version, after, dtype)
         engine.continue_generation()
         self.synced += 1
         m["timing/sync/guard"] = round(t_guard + time.perf_counter() - t1, 6)
@@ -114,7 +114,7 @@ class Guard:
             raise EngineError("cannot take a bitwise copy of the weights the engine serves now (its read-back "
                               "does not hash to its checksums): refusing to sync without a rollback target")
         path = lastgood.write(self.store.staging(), named, v_before)
-        self.store.promote(path, v_before, before)
+        self.store.promote(path, v_before, before, dtype)
 
     def _fail(self, err: BaseException, before: dict, v_before: str, version: str, dtype: str, took: float,
               cfg) -> SyncFailed:

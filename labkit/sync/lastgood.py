@@ -75,6 +75,19 @@ def load(path: str | os.PathLike) -> tuple[str, dict[str, torch.Tensor]]:
     return index["version"], out
 
 
+def extend(path: str | os.PathLike, named: dict[str, torch.Tensor]) -> None:
+    """Append tensors to a complete copy; it stays complete (index.json replaced, by rename, last)."""
+    if not named:
+        return
+    path = Path(path)
+    index = json.loads((path / "index.json").read_text())
+    w = Writer.__new__(Writer)
+    w.path, w.entries, w.nbytes = path, index["tensors"], index["nbytes"]
+    w._f = open(path / "data.bin", "ab")
+    w.add(named)
+    w.finish(index["version"])
+
+
 def write(path: str | os.PathLike, named: dict[str, torch.Tensor], version: str) -> str:
     w = Writer(path)
     w.add(named)
@@ -103,8 +116,15 @@ class Store:
         self._n += 1
         return str(self.root / f"s{self._n}")
 
-    def promote(self, path: str, version: str, checksums: dict[str, str]) -> None:
+    def promote(self, path: str, version: str, checksums: dict[str, str], dtype: str = "float32") -> None:
+        """Make `path` the last good copy. A sync that left tensors out (`exclude=`) wrote only what it sent;
+        the engine still serves the left-out ones as they were, so they are carried over from the previous
+        good copy: the last good copy is always the whole model (else a later failed sync could not restore)."""
         old = self.good
+        if old is not None and old.get("path") != path:
+            missing = _names(old) - _names({"path": path})
+            if missing:  # read the previous copy only when there is something to carry
+                extend(path, {n: t for n, t in self.tensors(dtype).items() if n in missing})
         self.good = {"path": path, "version": version, "checksums": dict(checksums)}
         if old and old.get("path") and old["path"] != path:
             shutil.rmtree(old["path"], ignore_errors=True)
@@ -129,6 +149,18 @@ class Store:
 
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _names(good: dict) -> set[str]:
+    if "path" in good:
+        return {e["name"] for e in json.loads((Path(good["path"]) / "index.json").read_text())["tensors"]}
+    from safetensors import safe_open
+
+    out = set()
+    for f in Path(good["model_dir"]).glob("*.safetensors"):
+        with safe_open(str(f), "pt") as st:
+            out.update(st.keys())
+    return out
 
 
 def _remove_orphans(root: Path) -> None:

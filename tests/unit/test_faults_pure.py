@@ -188,3 +188,18 @@ def test_update_check_names_every_bad_tensor_before_sending():
     check_update(None, [("anything", (1,))], "update")  # a remote engine: nothing to check against
     with pytest.raises(EngineError, match=r"'c.weight': not a weight.*'b.weight': shape \(3,\) != engine \(2,\)"):
         check_update(spec, [("c.weight", (1,)), ("b.weight", (3,))], "update_weights_from_tensor")
+
+
+def test_a_partial_copy_is_completed_from_the_previous_good_one(tmp_path):
+    """A sync with exclude= writes only what it sent; the last good copy must stay the whole model, or a later
+    failed full sync could not restore the left-out tensors."""
+    store = lastgood.Store(tmp_path)
+    full = {"a": torch.randn(3), "b": torch.randn(2, 2), "draft.w": torch.randn(4)}
+    store.promote(lastgood.write(store.staging(), full, "v1"), "v1", {"x": "1"})
+    partial = {"a": torch.randn(3), "b": torch.randn(2, 2)}
+    p2 = lastgood.write(store.staging(), partial, "v2")
+    store.promote(p2, "v2", {"x": "2"})
+    version, back = lastgood.load(p2)
+    assert version == "v2" and set(back) == set(full)
+    assert torch.equal(back["draft.w"], full["draft.w"]) and torch.equal(back["a"], partial["a"])
+    store.close()
