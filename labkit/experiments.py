@@ -2,14 +2,13 @@
 
 rollout: engine generations on the arithmetic task, scored with `arith.reward`.
 logprob_agreement: the engine's per-token log-probs vs the trainer's own forward on the same tokens.
-sync_measure: a `measure(bucket_bytes)` callable for `labkit.sync.tune` built from real `wb.sync` calls.
+sync_measure: a `measure(bucket_bytes)` callable for `labkit.sync.tune` built from real `wb.sync` calls; it is
+`labkit.sync.bench.sync_measure`, the one `labkit tune` uses, so both tune the same quantity (weight-moving time).
 """
 
 from __future__ import annotations
 
-import statistics
-
-from labkit.sync.session import MB, SyncConfig
+from labkit.sync.bench import TUNED_KEY, sync_measure  # noqa: F401  (notebook 04 calls ex.sync_measure)
 
 
 def rollout(wb, n: int = 8, seed: int = 0, temperature: float = 0.0, max_new_tokens: int = 6) -> dict:
@@ -52,29 +51,6 @@ def logprob_agreement(wb, rows: list[dict]) -> dict:
     diffs = [abs(a - b) for a, b in zip(trainer_lp, engine_lp)]
     return {"max_abs_diff": max(diffs, default=0.0), "mean_abs_diff": sum(diffs) / max(1, len(diffs)),
             "trainer": trainer_lp, "engine": engine_lp}
-
-
-def sync_measure(wb, transport: str = "colocated", repeats: int = 1, warmup: bool = True,
-                 memory_budget_mb: float | None = None, keep: list | None = None):
-    """`measure(bucket_bytes) -> {"seconds", "peak_extra_bytes"}` for `labkit.sync.tune`, from real syncs.
-
-    Seconds are the median wall time of `repeats` syncs without verification (verify once after tuning).
-    The first sync at a new size re-plans, so `warmup` spends one unmeasured sync per size. Full metrics of
-    every measured sync are appended to `keep` when given (for per-phase plots).
-    """
-    def measure(bucket_bytes: int) -> dict:
-        cfg = SyncConfig(transport=transport, bucket_mb=bucket_bytes / MB, memory_budget_mb=memory_budget_mb,
-                         verify="none", progress=False, atomic=False)  # the transport, without the guard
-        if warmup:
-            wb.sync(cfg)
-        runs = [wb.sync(cfg) for _ in range(max(1, repeats))]
-        mid = sorted(runs, key=lambda m: m["timing/sync/total"])[len(runs) // 2]
-        if keep is not None:
-            keep.append(mid)
-        return {"seconds": statistics.median(m["timing/sync/total"] for m in runs),
-                "peak_extra_bytes": max(m["sync/peak_extra_bytes"] for m in runs)}
-
-    return measure
 
 
 def side_by_side(before: dict, after: dict) -> list[dict]:
