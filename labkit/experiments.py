@@ -31,25 +31,29 @@ def logprob_agreement(wb, rows: list[dict]) -> dict:
     """Teacher-force prompt + completion through the trainer and compare log-probs of the sampled tokens.
 
     The engine reports log-probs of the raw logits (temperature does not change them), so after a sync the
-    two sides should agree to float rounding; a stale engine shows up as a large difference.
+    two sides should agree to float rounding; a stale engine shows up as a large difference. Rows without
+    the engine's log-probs raise ValueError naming them: an agreement that was not measured is never reported.
     """
     import torch
 
     from labkit.models.tokenizer import PAD
+    from labkit.mtp.rl import missing_logprobs, paired_logprobs
 
+    missing = missing_logprobs(rows)  # before the trainer's forward: fail fast, naming the rows
+    if missing:
+        raise ValueError(f"logprob_agreement: {len(missing)} of {len(rows)} rows carry no engine log-probs, one "
+                         f"per token (rows {missing[:8]}): the engine response had no output_token_logprobs; "
+                         "generate with return_logprob=True (experiments.rollout does)")
     seqs = [r["prompt_ids"] + r["tokens"] for r in rows]
     tokens = torch.full((len(seqs), max(map(len, seqs))), PAD, dtype=torch.long)
     for i, s in enumerate(seqs):
         tokens[i, : len(s)] = torch.tensor(s)
     logp = torch.log_softmax(wb.trainer.forward(tokens)["logits"].float(), dim=-1)
-    trainer_lp, engine_lp = [], []
-    for i, r in enumerate(rows):
-        p = len(r["prompt_ids"])
-        # Causal: the logits at position p+j-1 predict token p+j; right padding does not reach them.
-        trainer_lp += [float(logp[i, p + j - 1, t]) for j, t in enumerate(r["tokens"])]
-        engine_lp += list(r["logprobs"] or [])
+    engine_lp, trainer_lp, _ = paired_logprobs(logp, rows)
+    if not engine_lp:
+        raise ValueError(f"logprob_agreement: the {len(rows)} rows hold no sampled token: nothing to compare")
     diffs = [abs(a - b) for a, b in zip(trainer_lp, engine_lp)]
-    return {"max_abs_diff": max(diffs, default=0.0), "mean_abs_diff": sum(diffs) / max(1, len(diffs)),
+    return {"max_abs_diff": max(diffs), "mean_abs_diff": sum(diffs) / len(diffs),
             "trainer": trainer_lp, "engine": engine_lp}
 
 
