@@ -29,8 +29,13 @@ def cmd_doctor(args) -> int:
 def cmd_demo(args) -> int:
     from labkit import demo
 
-    _emit(demo.run(workdir=args.workdir, steps=args.steps, tp=args.tp, pp=args.pp, model_dir=args.model), args.json)
-    return 0
+    m = demo.run(workdir=args.workdir, steps=args.steps, tp=args.tp, pp=args.pp, model_dir=args.model)
+    code, failed = demo.verdict(m)
+    m["demo/failed_checks"] = failed
+    _emit(m, args.json)
+    for f in failed:  # a demo whose checks fail must not look like a passing one (exit 0)
+        print(f"labkit demo: check failed: {f}", file=sys.stderr)
+    return code
 
 
 def cmd_sync(args) -> int:

@@ -2,14 +2,13 @@
 
 rollout: engine generations on the arithmetic task, scored with `arith.reward`.
 logprob_agreement: the engine's per-token log-probs vs the trainer's own forward on the same tokens.
-sync_measure: a `measure(bucket_bytes)` callable for `labkit.sync.tune` built from real `wb.sync` calls.
+sync_measure: a `measure(bucket_bytes)` callable for `labkit.sync.tune` built from real `wb.sync` calls; it is
+`labkit.sync.bench.sync_measure`, the one `labkit tune` uses, so both tune the same quantity (weight-moving time).
 """
 
 from __future__ import annotations
 
-import statistics
-
-from labkit.sync.session import MB, SyncConfig
+from labkit.sync.bench import TUNED_KEY, sync_measure  # noqa: F401  (notebook 04 calls ex.sync_measure)
 
 
 def rollout(wb, n: int = 8, seed: int = 0, temperature: float = 0.0, max_new_tokens: int = 6) -> dict:
@@ -32,49 +31,30 @@ def logprob_agreement(wb, rows: list[dict]) -> dict:
     """Teacher-force prompt + completion through the trainer and compare log-probs of the sampled tokens.
 
     The engine reports log-probs of the raw logits (temperature does not change them), so after a sync the
-    two sides should agree to float rounding; a stale engine shows up as a large difference.
+    two sides should agree to float rounding; a stale engine shows up as a large difference. Rows without
+    the engine's log-probs raise ValueError naming them: an agreement that was not measured is never reported.
     """
     import torch
 
     from labkit.models.tokenizer import PAD
+    from labkit.mtp.rl import missing_logprobs, paired_logprobs
 
+    missing = missing_logprobs(rows)  # before the trainer's forward: fail fast, naming the rows
+    if missing:
+        raise ValueError(f"logprob_agreement: {len(missing)} of {len(rows)} rows carry no engine log-probs, one "
+                         f"per token (rows {missing[:8]}): the engine response had no output_token_logprobs; "
+                         "generate with return_logprob=True (experiments.rollout does)")
     seqs = [r["prompt_ids"] + r["tokens"] for r in rows]
     tokens = torch.full((len(seqs), max(map(len, seqs))), PAD, dtype=torch.long)
     for i, s in enumerate(seqs):
         tokens[i, : len(s)] = torch.tensor(s)
     logp = torch.log_softmax(wb.trainer.forward(tokens)["logits"].float(), dim=-1)
-    trainer_lp, engine_lp = [], []
-    for i, r in enumerate(rows):
-        p = len(r["prompt_ids"])
-        # Causal: the logits at position p+j-1 predict token p+j; right padding does not reach them.
-        trainer_lp += [float(logp[i, p + j - 1, t]) for j, t in enumerate(r["tokens"])]
-        engine_lp += list(r["logprobs"] or [])
+    engine_lp, trainer_lp, _ = paired_logprobs(logp, rows)
+    if not engine_lp:
+        raise ValueError(f"logprob_agreement: the {len(rows)} rows hold no sampled token: nothing to compare")
     diffs = [abs(a - b) for a, b in zip(trainer_lp, engine_lp)]
-    return {"max_abs_diff": max(diffs, default=0.0), "mean_abs_diff": sum(diffs) / max(1, len(diffs)),
+    return {"max_abs_diff": max(diffs), "mean_abs_diff": sum(diffs) / len(diffs),
             "trainer": trainer_lp, "engine": engine_lp}
-
-
-def sync_measure(wb, transport: str = "colocated", repeats: int = 1, warmup: bool = True,
-                 memory_budget_mb: float | None = None, keep: list | None = None):
-    """`measure(bucket_bytes) -> {"seconds", "peak_extra_bytes"}` for `labkit.sync.tune`, from real syncs.
-
-    Seconds are the median wall time of `repeats` syncs without verification (verify once after tuning).
-    The first sync at a new size re-plans, so `warmup` spends one unmeasured sync per size. Full metrics of
-    every measured sync are appended to `keep` when given (for per-phase plots).
-    """
-    def measure(bucket_bytes: int) -> dict:
-        cfg = SyncConfig(transport=transport, bucket_mb=bucket_bytes / MB, memory_budget_mb=memory_budget_mb,
-                         verify="none", progress=False, atomic=False)  # the transport, without the guard
-        if warmup:
-            wb.sync(cfg)
-        runs = [wb.sync(cfg) for _ in range(max(1, repeats))]
-        mid = sorted(runs, key=lambda m: m["timing/sync/total"])[len(runs) // 2]
-        if keep is not None:
-            keep.append(mid)
-        return {"seconds": statistics.median(m["timing/sync/total"] for m in runs),
-                "peak_extra_bytes": max(m["sync/peak_extra_bytes"] for m in runs)}
-
-    return measure
 
 
 def side_by_side(before: dict, after: dict) -> list[dict]:

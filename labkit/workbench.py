@@ -79,14 +79,23 @@ class Workbench:
                                     for p, a, b in zip(problems, engine_tokens, trainer_tokens)]}
 
     def close(self) -> None:
+        """Stop the engine (its shutdown also drops the last-good host copy, `Guard.close`), the trainer (which
+        frees its shared-memory sync buffers before its actors die) and the placement. Every part is closed
+        even if an earlier one raises, so nothing a run mapped outlives it (/dev/shm is RAM). Idempotent."""
+        errors = []
         for obj in ("engine", "trainer"):
             x = getattr(self, obj, None)
             if x is not None:
-                x.shutdown()
                 setattr(self, obj, None)
+                try:
+                    x.shutdown()
+                except Exception as e:  # go on: the other parts still hold memory and processes
+                    errors.append(e)
         if getattr(self, "placement", None) is not None:
             self.placement.remove()
             self.placement = None
+        if errors:
+            raise errors[0]
 
     def __enter__(self):
         return self

@@ -13,6 +13,11 @@
 # the pack/load overlap and cost memory (two buckets are in flight, so the budget admits buckets up to half
 # of it). We sweep log-spaced sizes under the memory budget with real syncs, let the autotuner (a discrete
 # golden-section search) pick one in a few trials, then sync once more at the chosen size and verify it.
+#
+# The tuned quantity is the **weight-moving time** (`timing/sync/weight_moving`): a sync's wall time minus
+# verification, one-off setup (plan, buffers) and the session's fixed calls (begin/end, cache flush, version
+# tag), which do not depend on the bucket size. `labkit tune` measures it with the same function
+# (`labkit.sync.bench.sync_measure`), so the notebook and the command pick the same size for the same model.
 
 # %%
 from labkit import nb
@@ -25,7 +30,7 @@ MIN_MB = 0.03125  # smallest bucket (MiB)
 MAX_MB = 4.0  # largest bucket (MiB)
 MEMORY_BUDGET_MB = 4.0  # refuse buckets whose double-buffered footprint exceeds this
 PER_OCTAVE = 1  # sizes per doubling
-REPEATS = 2  # syncs per measurement (median)
+REPEATS = 2  # syncs per measurement (best of)
 MAX_TRIALS = 4  # autotune budget
 STEPS = 1  # training steps first, so every sync moves real, changed weights
 INTERACTIVE = False
@@ -61,12 +66,13 @@ curve = tune.sweep(measure, sizes)
 # %%
 best = tune.autotune(ex.sync_measure(wb, TRANSPORT, repeats=REPEATS, memory_budget_mb=MEMORY_BUDGET_MB), sizes,
                      max_trials=MAX_TRIALS)
-nb.record({"tune/best_bucket_bytes": best["best_bucket_bytes"], "tune/best_seconds": best["best_seconds"],
-           "tune/trials": len(best["trials"]), "tune/sizes": len(sizes), "tune/curve": curve})
+nb.record({"tune/metric": ex.TUNED_KEY, "tune/best_bucket_bytes": best["best_bucket_bytes"],
+           "tune/best_seconds": best["best_seconds"], "tune/trials": len(best["trials"]), "tune/sizes": len(sizes),
+           "tune/curve": curve})
 
 # %%
 nb.show(viz.bucket_sweep(curve, best["best_bucket_bytes"], int(MEMORY_BUDGET_MB * MB), best["trials"],
-                         title=f"Bucket size ({TRANSPORT}): sync time and memory"), name="bucket_sweep",
+                         title=f"Bucket size ({TRANSPORT}): weight-moving time and memory"), name="bucket_sweep",
         interactive=INTERACTIVE)
 
 # %%

@@ -92,22 +92,46 @@ def to_batch(rows: list[dict]):
     return tokens, mask, drafted
 
 
+def missing_logprobs(rows: list[dict]) -> list[int]:
+    """Indices of the rows without one engine log-prob per sampled token (None, or a ragged list)."""
+    return [i for i, r in enumerate(rows) if r.get("logprobs") is None or len(r["logprobs"]) != len(r["tokens"])]
+
+
+def paired_logprobs(logp, rows: list[dict]) -> tuple[list[float], list[float], list[int]]:
+    """(engine, trainer, missing): per sampled token, the engine's log-prob and the trainer's (`logp`: log-softmax
+    [b, s, V] over prompt + completion), for the rows that carry one engine log-prob per token; `missing` lists
+    the rows that do not (an engine response without output_token_logprobs, or a ragged list).
+
+    Rows without log-probs are skipped whole, never zipped against another row's tokens: the gap is only
+    ever measured, never assumed to be 0.
+    """
+    engine, trainer, missing = [], [], missing_logprobs(rows)
+    for i, r in enumerate(rows):
+        if i in missing:
+            continue
+        p = len(r["prompt_ids"])
+        for j, (t, lp) in enumerate(zip(r["tokens"], r["logprobs"])):
+            engine.append(float(lp))
+            trainer.append(float(logp[i, p + j - 1, t]))  # logits at p+j-1 predict token p+j
+    return engine, trainer, missing
+
+
 def rollout_kl(logits, rows: list[dict]) -> dict:
     """KL(rollout || trainer) over the sampled tokens (k1 estimator) and the largest |log-prob| gap.
 
     Right after a verified sync both sides hold the same bits, so this is float noise; a stale or
-    half-updated engine shows up here first.
+    half-updated engine shows up here first. Rows the engine returned without log-probs are not measured:
+    they are counted in `train/rollout_logprob_missing_rows`, and with no measured token at all both gaps
+    are NaN (not 0, which would read as perfect agreement). An RL run goes on; the diagnostic says so.
     """
     import torch
 
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    diffs = []
-    for i, r in enumerate(rows):
-        p = len(r["prompt_ids"])
-        for j, (t, lp) in enumerate(zip(r["tokens"], r["logprobs"] or [])):
-            diffs.append(lp - float(logp[i, p + j - 1, t]))  # logits at p+j-1 predict token p+j
-    return {"train/rollout_kl": sum(diffs) / max(1, len(diffs)),
-            "train/rollout_logprob_max_abs_diff": max((abs(d) for d in diffs), default=0.0)}
+    engine, trainer, missing = paired_logprobs(torch.log_softmax(logits.float(), dim=-1), rows)
+    diffs = [e - t for e, t in zip(engine, trainer)]
+    nan = float("nan")
+    return {"train/rollout_kl": sum(diffs) / len(diffs) if diffs else nan,
+            "train/rollout_logprob_max_abs_diff": max(abs(d) for d in diffs) if diffs else nan,
+            "train/rollout_logprob_missing_rows": len(missing)}
 
 
 def greedy_accuracy(engine, problems, max_new_tokens: int = 5) -> float:

@@ -74,6 +74,8 @@ class BufferPool:
         self._next = 0
 
     def take(self) -> torch.Tensor:
+        if not self.buffers:
+            raise RuntimeError("BufferPool.take() after close(): the pool's buffers were released")
         b = self.buffers[self._next]
         self._next = (self._next + 1) % len(self.buffers)
         return b
@@ -81,3 +83,17 @@ class BufferPool:
     @property
     def allocated_bytes(self) -> int:
         return sum(b.numel() for b in self.buffers)
+
+    def close(self) -> None:
+        """Drop the buffers so their memory goes back now, in the process that owns them.
+
+        A shared CPU buffer is a `/dev/shm/torch_<pid>_*` file that torch unlinks when its last reference goes;
+        an owner that is SIGKILLed (`ray.kill`) never gets there and the file, a bucket's size of RAM, outlives
+        it. Call this before the owner is killed. Idempotent.
+        """
+        self.buffers.clear()
+        self._next = 0
+        if self.shared:
+            import gc
+
+            gc.collect()  # a reference cycle may still hold a storage; the unlink happens on its last release

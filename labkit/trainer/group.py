@@ -89,9 +89,50 @@ class Trainer:
     def num_params(self) -> int:
         return sum(i["params"] for i in self.info)
 
-    def shutdown(self) -> None:
+    def shutdown(self, release_timeout_s: float = 30.0) -> list[str]:
+        """Stop every rank and leave no memory behind them. Idempotent. Returns the /dev/shm files removed.
+
+        Each rank first frees its sync buffers itself (`TrainerRank.release`, bounded by `release_timeout_s`:
+        a hung or dead rank is killed anyway): a SIGKILLed process never unlinks its shared-memory files, and
+        they held a model's worth of RAM after the command had exited. Then the actors are killed and, once
+        they are gone, the driver removes whatever of theirs is left and held by no live process.
+        """
         import ray
 
-        for a in self.actors:
-            ray.kill(a)
-        self.actors = []
+        from labkit.compat import sglang as compat
+
+        actors, self.actors = self.actors, []
+        if not actors:
+            return []
+        refs = [a.release.remote() for a in actors]
+        try:
+            ray.wait(refs, num_returns=len(refs), timeout=release_timeout_s)
+        except Exception:
+            pass
+        for a in actors:
+            ray.kill(a, no_restart=True)
+        _wait_dead(actors)
+        return compat.cleanup_shm()
+
+
+def _wait_dead(actors, timeout_s: float = 30.0) -> None:
+    """Until no actor answers (bounded): their files can be removed only once their process is gone."""
+    import time
+
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    pending = list(actors)
+    while pending and time.monotonic() < deadline:
+        alive = []
+        for a in pending:
+            try:
+                ray.get(a.__ray_ready__.remote(), timeout=1)
+                alive.append(a)
+            except ray.exceptions.GetTimeoutError:
+                alive.append(a)  # still going down
+            except ray.exceptions.RayError:
+                pass
+        pending = alive
+        if pending:
+            time.sleep(0.2)

@@ -217,6 +217,26 @@ class TrainerRank:
             except Exception:
                 pass
 
+    def release(self) -> dict:
+        """Free the sync buffers this rank holds (called by `Trainer.shutdown` before the actor is killed).
+
+        The colocated transport's buffers are shared-memory files (`/dev/shm/torch_<pid>_*`, a bucket's size
+        each) that torch unlinks only when this process drops its last reference; a killed actor never does,
+        and the files held that RAM until the next labkit start. Returns this process's pid and the shm files
+        of it that are still there (held by a reader that has not let go yet; the driver removes them once
+        this process is dead).
+        """
+        for syncer in self.__dict__.pop("syncers", {}).values():
+            if syncer.pool is not None:
+                syncer.pool.close()
+                syncer.pool = None
+        from torch.multiprocessing import reductions
+
+        reductions.shared_cache.free_dead_references()
+        prefix, shm = f"torch_{os.getpid()}_", "/dev/shm"
+        left = sorted(f for f in os.listdir(shm) if f.startswith(prefix)) if os.path.isdir(shm) else []
+        return {"pid": os.getpid(), "shm_left": left}
+
 
 def _make_batch(tokens, loss_mask, weights):
     tokens = tokens.long()

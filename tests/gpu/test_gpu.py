@@ -96,5 +96,11 @@ def test_sglang_mtp_draft_engine_reports_spec_counters():
             eng.shutdown()
     assert [o["tokens"] for o in out["mtp"]] == [o["tokens"] for o in out["plain"]]
     m = parse_sglang_meta([o["meta_info"] for o in out["mtp"]], num_draft_tokens=1)
-    assert 1.0 <= m["mtp/accept_length"] <= 2.0 and 0.0 <= m["mtp/accept_rate"] <= 1.0
+    # SGLang's accept length is completion_tokens / spec_verify_ct, and completion_tokens counts the token the
+    # prefill emits (no verify step made it). A verify step emits at most k + 1 tokens, so per request
+    # tokens <= 1 + (k + 1) * verify_ct; every answer here is a digit + EOS or longer (>= 1 verify step), so
+    # the summed ratio is <= k + 2 = 3 for k = 1, not k + 1 = 2 (a short answer goes over 2). Same bound as the
+    # CPU tests (tests/integration/test_mtp_experiment.py, test_notebooks.py).
+    k = 1
+    assert 1.0 <= m["mtp/accept_length"] <= k + 2 and 0.0 <= m["mtp/accept_rate"] <= 1.0
     print(f"sglang accept_length={m['mtp/accept_length']:.3f} tok/s mtp={tps['mtp']:.0f} plain={tps['plain']:.0f}")

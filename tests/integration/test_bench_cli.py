@@ -13,7 +13,7 @@ BENCH_KEYS = ["bench/speedup_bucketed_vs_per_tensor", "bench/colocated_gbps", "b
               "bench/memcpy_gbps", "bench/colocated_vs_memcpy", "bench/distributed_vs_memcpy",
               "bench/peak_extra_bytes", "bench/bucket_bytes", "bench/largest_tensor_bytes", "bench/model_bytes"]
 TUNE_KEYS = ["tune/best_bucket_bytes", "tune/best_seconds", "tune/trials", "tune/sweep_best_bucket_bytes",
-             "tune/sweep_best_seconds", "tune/curve"]
+             "tune/sweep_best_seconds", "tune/curve", "tune/metric"]
 
 
 def _labkit(*args, timeout=600):
@@ -43,6 +43,7 @@ def test_tune_cli_sweeps_under_budget_and_autotunes():
     sizes = [c["bucket_bytes"] for c in m["tune/curve"]]
     assert sizes == sorted(sizes) and max(sizes) * 2 <= 16 << 20 and len(sizes) == 5
     assert m["tune/trials"] <= 3 and m["tune/best_bucket_bytes"] in sizes
+    assert m["tune/metric"] == "timing/sync/weight_moving"  # the quantity notebook 04 tunes too
 
 
 @pytest.mark.parametrize("args,match", [

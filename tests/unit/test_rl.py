@@ -72,3 +72,44 @@ def test_corrupt_noises_answer_digits_at_the_rate_and_keeps_prompts():
     assert arith.corrupt(items, 0.0) == items
     with pytest.raises(ValueError, match="rate=1.5"):
         arith.corrupt(items, 1.5)
+
+
+def _logprob_rows():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 6, 11)
+    logp = torch.log_softmax(logits, dim=-1)
+    rows = [{"prompt_ids": [5, 6, 7], "tokens": [8, 9, 2], "logprobs": None},  # engine sent none
+            {"prompt_ids": [5, 6], "tokens": [8, 3], "logprobs": [float(logp[1, 1, 8]) + 0.5, float(logp[1, 2, 3])]}]
+    return logits, rows
+
+
+def test_rollout_kl_never_reports_a_gap_it_did_not_measure():
+    """Issue 16: rows without engine log-probs read as a gap of 0 (perfect agreement)."""
+    from labkit.mtp.rl import rollout_kl
+
+    logits, rows = _logprob_rows()
+    m = rollout_kl(logits, rows)
+    assert m["train/rollout_logprob_missing_rows"] == 1
+    assert m["train/rollout_logprob_max_abs_diff"] == pytest.approx(0.5, abs=1e-5)  # the measured row only
+    assert m["train/rollout_kl"] == pytest.approx(0.25, abs=1e-5)
+    none = rollout_kl(logits, [rows[0], {**rows[1], "logprobs": None}])
+    assert math.isnan(none["train/rollout_kl"]) and math.isnan(none["train/rollout_logprob_max_abs_diff"])
+    assert none["train/rollout_logprob_missing_rows"] == 2
+    ragged = rollout_kl(logits, [{**rows[1], "logprobs": rows[1]["logprobs"][:1]}])  # one log-prob, two tokens
+    assert ragged["train/rollout_logprob_missing_rows"] == 1 and math.isnan(ragged["train/rollout_kl"])
+
+
+def test_logprob_agreement_refuses_rows_without_engine_logprobs():
+    from types import SimpleNamespace
+
+    from labkit.experiments import logprob_agreement
+
+    logits, rows = _logprob_rows()
+    calls = []
+    wb = SimpleNamespace(trainer=SimpleNamespace(forward=lambda t: calls.append(t) or {"logits": logits}))
+    with pytest.raises(ValueError, match=r"1 of 2 rows carry no engine log-probs.*rows \[0\].*output_token_logprobs"):
+        logprob_agreement(wb, rows)
+    assert not calls  # refused before the trainer's forward
+    wb1 = SimpleNamespace(trainer=SimpleNamespace(forward=lambda t: {"logits": logits[1:, : t.shape[1]]}))
+    m = logprob_agreement(wb1, rows[1:])
+    assert len(m["engine"]) == len(m["trainer"]) == 2 and m["max_abs_diff"] == pytest.approx(0.5, abs=1e-5)

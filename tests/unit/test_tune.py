@@ -32,3 +32,38 @@ def test_candidates_respect_budget_and_reject_bad_ranges():
         candidates(64 * MB, 128 * MB, budget_bytes=MB)
     with pytest.raises(ValueError, match="lo_bytes=0"):
         candidates(0, MB)
+
+
+class _ScriptedSyncs:
+    """Stands in for a Workbench's `sync` with scripted metrics: at 1 MiB the session's fixed calls dominate the
+    wall time but few bytes-moving seconds; at 2 MiB the reverse. Total time and weight-moving time disagree."""
+
+    PHASES = {1.0: {"timing/sync/total": 1.0, "timing/sync/session": 0.9, "timing/sync/setup": 0.0},
+              2.0: {"timing/sync/total": 0.5, "timing/sync/session": 0.0, "timing/sync/setup": 0.0}}
+
+    def __init__(self):
+        self.cfgs = []
+
+    def sync(self, cfg):
+        self.cfgs.append(cfg)
+        return {**self.PHASES[cfg.bucket_mb], "timing/sync/verify": 0.0, "sync/peak_extra_bytes": 0}
+
+
+def test_notebook_04_and_labkit_tune_minimise_the_same_weight_moving_time(monkeypatch):
+    """Issue 16: notebook 04 tuned `timing/sync/total` while `labkit tune` tuned the weight-moving seconds."""
+    import contextlib
+
+    from labkit import experiments as ex
+    from labkit.sync import bench
+
+    assert ex.sync_measure is bench.sync_measure  # one function, so one quantity
+    wb = _ScriptedSyncs()
+    m = ex.sync_measure(wb, "colocated", repeats=2)(MB)
+    assert m["metric"] == bench.TUNED_KEY == "timing/sync/weight_moving"
+    assert m["seconds"] == pytest.approx(0.1)  # total 1.0 - session 0.9, not the total
+    assert all(c.verify == "none" and c.atomic is False for c in wb.cfgs)  # the transport, not the guard
+    nb_best = autotune(ex.sync_measure(_ScriptedSyncs()), [MB, 2 * MB], max_trials=2)
+    monkeypatch.setattr(bench, "_workbench", lambda spec, workdir: contextlib.nullcontext(_ScriptedSyncs()))
+    cli = bench.tune(lo_mb=1, hi_mb=2, memory_budget_mb=8, max_trials=2, progress=False)
+    assert nb_best["best_bucket_bytes"] == cli["tune/best_bucket_bytes"] == cli["tune/sweep_best_bucket_bytes"] == MB
+    assert cli["tune/metric"] == bench.TUNED_KEY

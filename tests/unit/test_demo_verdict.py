@@ -1,0 +1,54 @@
+"""`labkit demo` exits non-zero and names the check when one fails (issue 16: it exited 0 on a greedy mismatch).
+
+The decision is pure (metrics -> exit code, failed checks), tested here without running the demo."""
+
+import math
+
+import pytest
+
+from labkit import demo
+
+GOOD = {"export/logits_max_abs_diff": 3e-6, "export/mtp_logits_max_abs_diff": 2e-5, "per_tensor/sync/verified": True,
+        "sync/verified": True, "rollout/greedy_match": True, "rollout/greedy_match_frac": 1.0, "demo/dtype": "float32"}
+
+
+def test_a_demo_whose_checks_all_pass_exits_0():
+    assert demo.verdict(GOOD) == (0, [])
+
+
+@pytest.mark.parametrize("change,check", [
+    ({"rollout/greedy_match": False, "rollout/greedy_match_frac": 0.75}, "greedy match"),
+    ({"sync/verified": False}, "bucketed sync verified"),
+    ({"sync/verified": None}, "bucketed sync verified"),  # verification skipped is not verified
+    ({"per_tensor/sync/verified": False}, "per-tensor sync verified"),
+    ({"export/logits_max_abs_diff": 0.05}, "export parity"),
+    ({"export/mtp_logits_max_abs_diff": math.nan}, "export parity"),
+])
+def test_a_failed_check_exits_nonzero_and_is_named(change, check):
+    code, failed = demo.verdict({**GOOD, **change})
+    assert code != 0 and len(failed) == 1 and failed[0].startswith(f"{check}: "), failed
+    key, value = next(iter(change.items()))
+    assert f"{key}={value!r}" in failed[0]
+
+
+def test_a_check_without_its_metric_fails():
+    m = dict(GOOD)
+    del m["rollout/greedy_match"]
+    code, failed = demo.verdict(m)
+    assert code == 1 and failed == ["greedy match: rollout/greedy_match='missing', rollout/greedy_match_frac=1.0"]
+
+
+def test_bf16_export_gets_its_own_tolerance():
+    assert demo.verdict({**GOOD, "export/logits_max_abs_diff": 0.01, "demo/dtype": "bfloat16"})[0] == 0
+    assert demo.verdict({**GOOD, "export/logits_max_abs_diff": 0.01, "demo/dtype": "float32"})[0] == 1
+
+
+def test_cli_demo_exit_code_follows_the_verdict(monkeypatch, capsys):
+    from labkit import cli
+
+    monkeypatch.setattr(demo, "run", lambda **kw: {**GOOD, "rollout/greedy_match": False})
+    assert cli.main(["demo", "--json"]) == 1
+    err = capsys.readouterr().err
+    assert "labkit demo: check failed: greedy match: rollout/greedy_match=False" in err
+    monkeypatch.setattr(demo, "run", lambda **kw: dict(GOOD))
+    assert cli.main(["demo", "--json"]) == 0
