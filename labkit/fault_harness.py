@@ -99,8 +99,11 @@ class Harness:
 
         wb, engine, cfg = self.wb, self.wb.engine, self.cfg
         trainer0 = wb.trainer.actors[0]
-        wait = {"marker": f"{tmp}/reached", "gate": f"{tmp}/gate", "limit_s": cfg.deadline_s * 4}
+        # The fault's own gate (a hang is never released by the harness) and the probe's, apart.
+        wait, probe = ({"marker": f"{tmp}/{k}_reached", "gate": f"{tmp}/{k}_gate", "limit_s": cfg.deadline_s * 4}
+                       for k in ("fault", "probe"))
         Path(wait["gate"]).touch()
+        Path(probe["gate"]).touch()
         if t.point == "engine.apply":  # before the k of the nth fused group: its q is written already
             nth = 1 + int(t.frac * n_groups)
             fpt.arm_in_actor(engine._actor, t.point, t.action, min(nth, n_groups), match=".k_proj.",
@@ -114,8 +117,8 @@ class Harness:
             target = engine._actor if t.kind == "engine_killed" else trainer0
             killer = _Killer(wait["marker"], wait["gate"], engine, target, cfg.deadline_s)
         elif t.point != "sync.begin":
-            fpt.arm_in_actor(trainer0, "sync.begin", "wait", 1, **wait)
-            killer = _Killer(wait["marker"], wait["gate"], engine, None, cfg.deadline_s)
+            fpt.arm_in_actor(trainer0, "sync.begin", "wait", 1, **probe)
+            killer = _Killer(probe["marker"], probe["gate"], engine, None, cfg.deadline_s)
         else:
             return None
         killer.start()
