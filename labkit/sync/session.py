@@ -44,6 +44,7 @@ class SyncConfig:
     timeout_s: float = 120.0  # the longest single wait: engine call, rendezvous, broadcast
     deadline_s: float = 600.0  # the whole sync (atomic): a trainer still busy then is killed, the engine restored
     stage_dir: str | None = None  # write a host copy of what is sent here (set by sync.atomic)
+    pause_mode: str = "abort"  # atomic syncs: SGLang's pause mode (abort, retract, in_place; labkit.serve_bench)
 
     def __post_init__(self) -> None:
         check(self.transport in TRANSPORTS, "transport", self.transport, f"one of {', '.join(TRANSPORTS)}")
@@ -57,6 +58,8 @@ class SyncConfig:
         check(self.verify in ("checksum", "full", "none"), "verify", self.verify, "checksum, full or none")
         check(self.selector in ("all", "target", "draft"), "selector", self.selector, "all, target or draft")
         check(isinstance(self.atomic, bool), "atomic", self.atomic, "True or False")
+        check(self.pause_mode in ("abort", "retract", "in_place"), "pause_mode", self.pause_mode,
+              "abort, retract or in_place")
         for f in ("timeout_s", "deadline_s"):
             v = getattr(self, f)
             check(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0, f, v,
