@@ -8,15 +8,9 @@ like the HTTP server's JSON, so the handle treats both backends alike.
 
 from __future__ import annotations
 
-import functools
 import os
-import threading
-import time
-
-from labkit.engine.tee import StderrTee
 
 MODEL_PACKAGE = "labkit.engine.sglang_models"
-GENERATE_GROUP, GENERATE_THREADS = "generate", 8  # generate calls the actor runs or holds at once (then queued)
 
 
 def _ok(res) -> dict:
@@ -40,15 +34,36 @@ def _launch_sigquit(signum, frame):
     raise _LaunchFailed("an SGLang subprocess failed during engine launch (SIGQUIT)")
 
 
-def _serial(method):
-    """Only one thread drives SGLang's event loop at a time (asyncio loops are not thread-safe)."""
+class _StderrTee:
+    """Keep the last lines written to fd 2 by this process and by the SGLang processes it spawns (they
+    inherit fd 2), while still passing everything through to the original stderr (Ray's worker log)."""
 
-    @functools.wraps(method)
-    def run(self, *args, **kwargs):
-        with self._lock:
-            return method(self, *args, **kwargs)
+    def __init__(self, keep: int = 300):
+        import collections
+        import threading
 
-    return run
+        self.lines = collections.deque(maxlen=keep)
+        self._orig = os.dup(2)
+        r, w = os.pipe()
+        os.dup2(w, 2)
+        os.close(w)
+        threading.Thread(target=self._pump, args=(r,), daemon=True, name="labkit-stderr-tee").start()
+
+    def _pump(self, r: int) -> None:
+        pending = b""
+        while chunk := os.read(r, 65536):
+            os.write(self._orig, chunk)
+            *done, pending = (pending + chunk).split(b"\n")
+            self.lines.extend(x.decode(errors="replace") for x in done)
+
+    def root_cause(self) -> str:
+        """SGLang's own failure: the last exception line (`SomeError: message`) and the lines before it."""
+        lines = list(self.lines)
+        for i in range(len(lines) - 1, -1, -1):
+            head = lines[i].split(":", 1)[0]
+            if head and " " not in head and (head.endswith(("Error", "Exception")) or "Error" in head):
+                return "\n".join(lines[max(0, i - 6): i + 1])
+        return "\n".join(lines[-15:])
 
 
 class EngineActor:
@@ -56,30 +71,22 @@ class EngineActor:
 
     A failed start does not raise from __init__ (Ray would bury SGLang's message in its own): `ready()`
     answers {"error": ...} and the handle kills the actor.
-
-    Threaded (remote_class) so that a generate waiting out a pause does not block the call that continues
-    it: while generation is paused for a weight update, generate waits for continue_generation (bounded)
-    instead of refusing, as an SGLang HTTP server holds requests. Every call that touches the engine holds
-    `_lock` and generate checks the pause under it, so no request enters SGLang while paused.
     """
 
     def __init__(self, cfg):
         from labkit.compat import sglang as compat
 
         self.cfg, self.engine, self.error, self._closed, self._paused = cfg, None, None, False, False
-        self._lock, self._resumed = threading.RLock(), threading.Event()
-        self._resumed.set()
         self.layers = compat.apply()
         # SGLang's registry serves our MiMo (adds get_weights_by_name) and loads its own zoo on demand.
         os.environ.setdefault("SGLANG_EXTERNAL_MODEL_PACKAGE", MODEL_PACKAGE)
-        self._tee = StderrTee()
+        self._tee = _StderrTee()
         try:
             import sglang
             import torch
 
             device = "cuda" if torch.cuda.is_available() else "cpu"
             self.engine = sglang.Engine(**cfg.sglang_kwargs(device), custom_sigquit_handler=_launch_sigquit)
-            self._run(self._start_handle_loop())  # in __init__'s thread, not a worker thread (signal handlers)
         except BaseException as e:  # incl. _LaunchFailed raised from the signal handler
             import time
 
@@ -108,9 +115,6 @@ class EngineActor:
 
         return [p.pid for p in psutil.Process().children(recursive=True)]
 
-    async def _start_handle_loop(self):
-        self.engine.tokenizer_manager.auto_create_handle_loop()
-
     def _run(self, coro):
         # Engine's own methods do exactly this; we need it for requests Engine has no method for
         # (or whose Engine method drops a field such as weight_version).
@@ -118,32 +122,22 @@ class EngineActor:
 
     # --- generation -------------------------------------------------------------------------------------
     def generate(self, prompts, input_ids, sampling, return_logprob) -> list[dict]:
-        """Waits while paused, at most 0.9 x call_timeout_s: the caller then hears "still paused" (the
-        handle raises EngineError) rather than a bare timeout."""
-        limit = 0.9 * self.cfg.call_timeout_s
-        deadline = time.monotonic() + limit
-        while True:
-            with self._lock:  # _paused changes under the lock: no request enters a paused SGLang
-                if not self._paused:
-                    out = self.engine.generate(prompt=prompts, input_ids=input_ids, sampling_params=sampling,
-                                               return_logprob=return_logprob)
-                    return out if isinstance(out, list) else [out]
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return [{"labkit_refused": f"generation stayed paused for {limit:.0f} s (a weight update is in "
-                                           "progress or was not restored); call continue_generation() first"}]
-            self._resumed.wait(timeout=left)
+        if self._paused:
+            # This actor runs one call at a time: a request parked inside SGLang until continue_generation
+            # would block the very call that continues it. Refuse instead (the handle raises EngineError).
+            return [{"labkit_refused": "generation is paused (a weight update is in progress or was not "
+                                       "restored); call continue_generation() first"}]
+        out = self.engine.generate(prompt=prompts, input_ids=input_ids, sampling_params=sampling,
+                                   return_logprob=return_logprob)
+        return out if isinstance(out, list) else [out]
 
     # --- weight-update session and transports --------------------------------------------------------------
-    @_serial
     def begin_weight_update(self, selector="all") -> dict:
         return _ok(self.engine.begin_weight_update(selector=selector))
 
-    @_serial
     def end_weight_update(self) -> dict:
         return _ok(self.engine.end_weight_update())
 
-    @_serial
     def update_weights_from_tensor(self, payload, load_format=None, flush_cache=True, weight_version=None) -> dict:
         from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
 
@@ -154,7 +148,6 @@ class EngineActor:
             load_format=load_format, flush_cache=flush_cache, weight_version=weight_version)
         return _ok(self._run(self.engine.tokenizer_manager.update_weights_from_tensor(obj, None)))
 
-    @_serial
     def update_weights_from_distributed(self, names, dtypes, shapes, group_name, flush_cache=True,
                                         load_format=None, weight_version=None) -> dict:
         from sglang.srt.managers.io_struct import UpdateWeightsFromDistributedReqInput
@@ -164,17 +157,14 @@ class EngineActor:
             flush_cache=flush_cache, load_format=load_format, weight_version=weight_version)
         return _ok(self._run(self.engine.tokenizer_manager.update_weights_from_distributed(obj, None)))
 
-    @_serial
     def init_weights_update_group(self, master_address, master_port, rank_offset, world_size, group_name,
                                   backend) -> dict:
         return _ok(self.engine.init_weights_update_group(master_address, master_port, rank_offset, world_size,
                                                          group_name, backend))
 
-    @_serial
     def destroy_weights_update_group(self, group_name) -> dict:
         return _ok(self.engine.destroy_weights_update_group(group_name))
 
-    @_serial
     def set_weight_version(self, version, abort_all_requests=False) -> dict:
         from sglang.srt.managers.io_struct import UpdateWeightVersionReqInput
 
@@ -185,18 +175,15 @@ class EngineActor:
         self._run(tm.update_weight_version(obj))
         return {"success": True, "message": f"Weight version updated to {version}"}
 
-    @_serial
     def get_weights_by_name(self, name, truncate_size):
         return self.engine.get_weights_by_name(name, truncate_size)
 
-    @_serial
     def model_info(self) -> dict:
         return self.engine.get_model_info()
 
     def tp_size(self) -> int:
         return self.cfg.tp
 
-    @_serial
     def check_weights(self, action="checksum") -> dict:
         from sglang.srt.managers.io_struct import CheckWeightsReqInput
 
@@ -204,36 +191,29 @@ class EngineActor:
         return {"success": bool(ok), "message": str(msg), "ranks": ranks}
 
     # --- cache and scheduling ------------------------------------------------------------------------------
-    @_serial
     def flush_cache(self) -> dict:
         return _ok(self.engine.flush_cache())
 
-    @_serial
     def pause_generation(self, mode="abort") -> dict:
         from sglang.srt.managers.io_struct import PauseGenerationReqInput
 
         self._paused = True  # first: no request may start on weights that are about to change
-        self._resumed.clear()
         self._run(self.engine.tokenizer_manager.pause_generation(PauseGenerationReqInput(mode=mode)))
         return {"success": True, "message": "Generation paused."}
 
-    @_serial
     def continue_generation(self) -> dict:
         from sglang.srt.managers.io_struct import ContinueGenerationReqInput
 
         self._run(self.engine.tokenizer_manager.continue_generation(ContinueGenerationReqInput()))
         self._paused = False
-        self._resumed.set()
         return {"success": True, "message": "Generation continued."}
 
     def is_paused(self) -> bool:
         return self._paused
 
-    @_serial
     def release_memory_occupation(self, tags=None) -> dict:
         return _ok(self.engine.release_memory_occupation(tags))
 
-    @_serial
     def resume_memory_occupation(self, tags=None) -> dict:
         return _ok(self.engine.resume_memory_occupation(tags))
 
@@ -247,7 +227,6 @@ class EngineActor:
         pids = self.engine.get_all_child_pids() or self._children()
         return all(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
 
-    @_serial
     def shutdown(self) -> list[str]:
         """Stop SGLang's processes and remove what they leave in /dev/shm. Returns the removed files."""
         from labkit.compat import sglang as compat
@@ -278,11 +257,8 @@ class ActorBackend:
 
             from labkit.engine.errors import EngineError, EngineUnreachable
 
-            fn = getattr(self.actor, method)
-            if method == "generate":  # its own threads: waiting generates never take pause/continue's
-                fn = fn.options(concurrency_group=GENERATE_GROUP)
             try:
-                return ray.get(fn.remote(*args, **kwargs), timeout=self.timeout_s)
+                return ray.get(getattr(self.actor, method).remote(*args, **kwargs), timeout=self.timeout_s)
             except ray.exceptions.GetTimeoutError:
                 raise EngineError(f"engine actor call {method} did not answer within {self.timeout_s:.0f} s") from None
             except ray.exceptions.ActorDiedError as e:
@@ -322,6 +298,4 @@ def _wait_dead(actor, timeout_s: float = 30.0) -> None:
 def remote_class(num_cpus: float = 1, num_gpus: float = 0):
     import ray
 
-    # Control calls: the default group (serialized by EngineActor._lock); generate: its own group.
-    return ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0, max_task_retries=0, max_concurrency=2,
-                      concurrency_groups={GENERATE_GROUP: GENERATE_THREADS})(EngineActor)
+    return ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0, max_task_retries=0)(EngineActor)

@@ -168,15 +168,19 @@ class EngineHandle:
                  sampling: dict | list[dict] | None = None, return_logprob: bool = False) -> list[dict]:
         """One dict per prompt: tokens (output ids), text, logprobs (per output token, or None), meta_info
         (SGLang's, incl. weight_version and any spec_* keys; the logprob lists are moved out).
-        While generation is paused (a weight update) the request waits for continue_generation, on both
-        backends, at most the call timeout; then EngineError."""
+        While generation is paused (a weight update) an HTTP server holds the request until
+        continue_generation (at most the call timeout); the Ray actor backend refuses it (EngineError)."""
         if (prompts is None) == (input_ids is None):
             raise ValueError("generate: pass exactly one of prompts= or input_ids=")
         if self._closed:
             raise EngineError("generate: this engine handle was shut down")
+        if self._paused and self._actor is not None:
+            # The actor runs one call at a time: a request waiting for continue_generation would block the
+            # very call that continues it. (An HTTP server just holds the request until continued.)
+            raise EngineError("generate: generation is paused; call continue_generation() first")
         sampling = list(sampling) if isinstance(sampling, (list, tuple)) else dict(sampling or {})  # or one per prompt
         outs = self._b.generate(prompts, input_ids, sampling, bool(return_logprob))
-        if outs and "labkit_refused" in outs[0]:  # paused past the actor's wait (see EngineActor.generate)
+        if outs and "labkit_refused" in outs[0]:  # the actor's own gate (see EngineActor.generate)
             raise EngineError(f"generate: {outs[0]['labkit_refused']}")
         results = []
         for o in outs:

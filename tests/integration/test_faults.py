@@ -1,5 +1,5 @@
 """Faults in the middle of a sync, against the real engine and trainer: each one leaves the engine serving
-the old weights bitwise (checksums and weight_version before == after), answering no generate while the sync
+the old weights bitwise (checksums and weight_version before == after), refusing to generate while the sync
 is held mid-way, and the next sync lands verified without restarting anything but what the fault killed."""
 
 import os
@@ -67,13 +67,6 @@ def _serves(engine) -> bool:
         return False
 
 
-def _answers_within(engine, seconds: float) -> bool:
-    """A paused engine holds generate (it answers once the sync lands or is restored): answered in time?"""
-    done = threading.Event()
-    threading.Thread(target=lambda: _serves(engine) and done.set(), daemon=True).start()
-    return done.wait(seconds)
-
-
 def _gate(tmp):
     marker, gate = f"{tmp}/reached", f"{tmp}/gate"
     Path(gate).touch()
@@ -88,7 +81,7 @@ def _kill_at_marker(marker, gate, engine, target, seen):
             break
         time.sleep(0.05)
     seen["reached"] = os.path.exists(marker)
-    seen["served_mid_sync"] = _answers_within(engine.portable(call_timeout_s=30), 2.0)  # the gate must hold here
+    seen["served_mid_sync"] = _serves(engine.portable(call_timeout_s=10))  # the gate must hold here
     if target is not None:
         ray.kill(target, no_restart=True)
         time.sleep(0.5)
