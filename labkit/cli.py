@@ -67,13 +67,27 @@ def cmd_pretrain(args) -> int:
 def cmd_bench(args) -> int:
     from labkit.sync import bench
 
+    if args.what == "serve-sync":
+        return cmd_serve_sync(args)
     if args.what != "sync":
-        raise ValueError(f"bench target {args.what!r} is invalid: expected 'sync'")
+        raise ValueError(f"bench target {args.what!r} is invalid: expected 'sync' or 'serve-sync'")
     spec = bench.QUICK_SPEC if args.quick else bench.BENCH_SPEC
     out = bench.bench_sync(spec, bucket_mb=args.bucket_mb, reps=args.reps, progress=not args.json)
     _write(out, args.out)
     _emit(out, args.json)
     return 0
+
+
+def cmd_serve_sync(args) -> int:
+    from labkit import serve_bench as sb
+
+    # Validate every flag before anything starts (ServeBenchConfig names the bad value).
+    modes = tuple(m.strip() for m in args.modes.split(",")) if args.modes else sb.MODES
+    cfg = sb.ServeBenchConfig(modes=modes, syncs=args.syncs, max_requests=args.max_requests)
+    out = {**sb.run(cfg, model_dir=args.model, progress=not args.json), "command": " ".join(["labkit", *sys.argv[1:]])}
+    _write(out, args.out)
+    _emit(out, args.json)
+    return 0 if out["serve/ok"] else 1
 
 
 def cmd_tune(args) -> int:
@@ -182,8 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true")
     d.set_defaults(fn=cmd_sync)
 
-    d = sub.add_parser("bench", help="benchmarks; `labkit bench sync`: per-tensor vs bucketed vs memcpy")
-    d.add_argument("what", choices=["sync"])
+    d = sub.add_parser("bench", help="benchmarks; `labkit bench sync`: per-tensor vs bucketed vs memcpy; "
+                                     "`labkit bench serve-sync`: syncs under generate traffic, per pause mode")
+    d.add_argument("what", choices=["sync", "serve-sync"])
+    d.add_argument("--modes", default=None, help="serve-sync: comma-separated pause modes (default abort,retract,in_place)")
+    d.add_argument("--syncs", type=int, default=3, help="serve-sync: syncs per pause mode")
+    d.add_argument("--max-requests", type=int, default=200, help="serve-sync: requests per pause mode at most")
+    d.add_argument("--model", default=None, help="serve-sync: HF model dir (default: a tiny random MiMo)")
     d.add_argument("--bucket-mb", type=_positive_float("bucket_mb"), default=32.0)
     d.add_argument("--reps", type=int, default=3)
     d.add_argument("--quick", action="store_true", help="a small model (tests)")

@@ -7,13 +7,16 @@ shape of generate's results, and bounded waits.
 
 from __future__ import annotations
 
+import collections
 import json
+import time
 from pathlib import Path
 
 from labkit.engine.config import EngineConfig
 from labkit.engine.errors import EngineError, EngineUnreachable, Unsupported
 from labkit.engine.spec import check_update, model_spec
 
+PAUSE_MODES = ("abort", "retract", "in_place")  # SGLang's PauseGenerationReqInput.mode
 FULL = 2**31 - 1  # truncate_size that keeps every row (SGLang slices the row list with it)
 _NO_CPU_MEMORY_RELEASE = (
     "release/resume_memory_occupation is unsupported on a CPU engine: SGLang's scheduler calls "
@@ -51,6 +54,7 @@ class EngineHandle:
         self._b, self.cfg, self.kind, self._server, self._actor = backend, cfg, kind, server, actor
         self._strategy = strategy  # where a restart() puts the new actor
         self._closed = self._paused = False
+        self.pauses = collections.deque(maxlen=64)  # (paused_at, continued_at or None), this handle's calls
 
     # --- construction -------------------------------------------------------------------------------------
     @classmethod
@@ -163,7 +167,9 @@ class EngineHandle:
     def generate(self, prompts: list[str] | None = None, input_ids: list[list[int]] | None = None,
                  sampling: dict | list[dict] | None = None, return_logprob: bool = False) -> list[dict]:
         """One dict per prompt: tokens (output ids), text, logprobs (per output token, or None), meta_info
-        (SGLang's, incl. weight_version and any spec_* keys; the logprob lists are moved out)."""
+        (SGLang's, incl. weight_version and any spec_* keys; the logprob lists are moved out).
+        While generation is paused (a weight update) an HTTP server holds the request until
+        continue_generation (at most the call timeout); the Ray actor backend refuses it (EngineError)."""
         if (prompts is None) == (input_ids is None):
             raise ValueError("generate: pass exactly one of prompts= or input_ids=")
         if self._closed:
@@ -267,14 +273,22 @@ class EngineHandle:
         return self._control("flush_cache")
 
     def pause_generation(self, mode: str = "abort") -> str:
-        """SGLang's pause: mode "abort" (drop in-flight requests), "retract" or "in_place"."""
+        """SGLang's pause: new requests are held until continue_generation; in-flight ones are aborted
+        ("abort"), moved back to the waiting queue and recomputed after continue ("retract"), or left in
+        place with their KV ("in_place"). `pauses` keeps (paused_at, continued_at) per pause (time.monotonic)."""
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"pause_generation: mode={mode!r} is invalid: expected one of {', '.join(PAUSE_MODES)}")
+        t0 = time.monotonic()
         msg = self._control("pause_generation", mode)
         self._paused = True
+        self.pauses.append((t0, None))
         return msg
 
     def continue_generation(self) -> str:
         msg = self._control("continue_generation")
         self._paused = False
+        if self.pauses and self.pauses[-1][1] is None:
+            self.pauses[-1] = (self.pauses[-1][0], time.monotonic())
         return msg
 
     def release_memory(self, tags: list[str] | None = None) -> str:

@@ -78,7 +78,7 @@ class Guard:
         staging = self.store.staging()
         t_guard = time.perf_counter() - t0
         try:
-            engine.pause_generation()
+            engine.pause_generation(cfg.pause_mode)
             m = run_on_trainer(trainer, engine.portable(call_timeout_s=cfg.timeout_s),
                                replace(cfg, stage_dir=staging), spec, version, cfg.deadline_s, exclude)
             if m.get("sync/verified") is False:

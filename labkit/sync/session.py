@@ -45,6 +45,7 @@ class SyncConfig:
     deadline_s: float = 600.0  # the whole sync (atomic): a trainer still busy then is killed, the engine restored
     stage_dir: str | None = None  # write a host copy of what is sent here (set by sync.atomic)
     unsafe_skip_verify: bool = False  # let the atomic guard serve (and keep as rollback) verify="none" weights
+    pause_mode: str = "abort"  # atomic syncs: SGLang's pause mode (abort, retract, in_place; labkit.serve_bench)
 
     def __post_init__(self) -> None:
         check(self.transport in TRANSPORTS, "transport", self.transport, f"one of {', '.join(TRANSPORTS)}")
@@ -64,6 +65,8 @@ class SyncConfig:
             raise ValueError("verify='none' is refused by the atomic guard (atomic=True): it would serve, and keep as "
                              "the rollback target, weights nobody checked; pass unsafe_skip_verify=True to serve "
                              "unverified weights, or atomic=False to measure the bare transport")
+        check(self.pause_mode in ("abort", "retract", "in_place"), "pause_mode", self.pause_mode,
+              "abort, retract or in_place")
         for f in ("timeout_s", "deadline_s"):
             v = getattr(self, f)
             check(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0, f, v,

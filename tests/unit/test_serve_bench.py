@@ -1,0 +1,62 @@
+"""The pure half of `labkit bench serve-sync`: one response (tokens + meta_info) -> ok / spanned / aborted /
+mixed, against each version's greedy output."""
+
+import pytest
+
+from labkit.serve_bench import ServeBenchConfig, classify, summarize_mode
+
+REFS = {"v1": [1, 2, 3, 4], "v2": [1, 2, 9, 9]}
+CONT = {("v2", 2): [7, 7]}  # v2's greedy continuation of prompt + [1, 2]
+
+
+def expected(version, start):
+    return REFS.get(version) if start == 0 else CONT.get((version, start))
+
+
+def meta(version, spans=None, finish="length"):
+    m = {"weight_version": version, "finish_reason": {"type": finish}}
+    if spans:
+        m["weight_versions"] = [{"version": v, "start": s, "end": e} for v, s, e in spans]
+    return m
+
+
+def test_one_version_that_it_reports_is_ok():
+    assert classify([1, 2, 3, 4], meta("v1"), expected) == "ok"
+    assert classify([1, 2, 9, 9], meta("v2", [("v2", 0, 4)]), expected) == "ok"
+
+
+def test_tokens_of_another_version_than_reported_or_of_none_are_mixed():
+    assert classify([1, 2, 3, 4], meta("v2"), expected) == "mixed"
+    assert classify([1, 2, 3, 9], meta("v1"), expected) == "mixed"  # half v1, half v2: matches no version
+    assert classify([1, 2, 3, 4], meta("v0"), expected) == "mixed"  # unknown version never counts as ok
+    assert classify([1, 2, 3], meta("v1"), expected) == "mixed"  # truncated
+
+
+def test_reported_spans_are_checked_span_by_span():
+    assert classify([1, 2, 7, 7], meta("v2", [("v1", 0, 2), ("v2", 2, 4)]), expected) == "spanned"
+    # the continuation is not v2's greedy continuation of the prefix
+    assert classify([1, 2, 9, 9], meta("v2", [("v1", 0, 2), ("v2", 2, 4)]), expected) == "mixed"
+    # the prefix is not v1's
+    assert classify([5, 2, 7, 7], meta("v2", [("v1", 0, 2), ("v2", 2, 4)]), expected) == "mixed"
+    # no reference for that continuation: unknown is not ok
+    assert classify([1, 7, 7, 7], meta("v2", [("v1", 0, 1), ("v2", 1, 4)]), expected) == "mixed"
+
+
+def test_aborted_is_not_mixed():
+    assert classify([1], meta("v1", finish="abort"), expected) == "aborted"
+
+
+def test_summary_counts_requests_in_flight_during_a_sync():
+    rows = [{"outcome": "ok", "t0": 0.0, "t1": 1.0, "meta": {}}, {"outcome": "mixed", "t0": 2.0, "t1": 5.0,
+                                                                   "meta": {"num_retractions": 1}},
+            {"outcome": "failed", "t0": 6.0, "t1": 7.0, "error": "x"}]
+    s = summarize_mode(rows, [{"sync": (1.5, 3.0), "paused_s": 1.0}], [])
+    assert (s["requests"], s["ok"], s["mixed"], s["failed"], s["retracted"], s["in_flight_during_sync"]) == \
+        (3, 1, 1, 1, 1, 1)
+
+
+def test_config_is_validated():
+    with pytest.raises(ValueError, match="modes"):
+        ServeBenchConfig(modes=("pause",))
+    with pytest.raises(ValueError, match="syncs"):
+        ServeBenchConfig(syncs=0)
