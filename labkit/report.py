@@ -34,15 +34,19 @@ def faults_table(run: dict) -> list[str]:
 
 
 def serve_table(run: dict) -> list[str]:
-    modes = run.get("serve/modes", [])
-    keys = [("serve/requests", "requests"), ("serve/mixed_responses", "mixed responses"),
-            ("serve/aborted", "aborted"), ("serve/pause_seconds", "paused (s)"),
-            ("serve/sync_seconds", "sync under load (s)")]
+    keys = [("serve/requests", "requests"), ("serve/in_flight_during_sync", "in flight during a sync"),
+            ("serve/mixed_responses", "mixed"), ("serve/aborted", "aborted"), ("serve/retracted", "retracted"),
+            ("serve/pause_seconds", "paused per sync (s)"), ("serve/sync_seconds", "sync under load (s)")]
     head = ["pause mode", *(label for _, label in keys)]
     lines = [_row(head), _row(["---"] * len(head))]
-    for mode in modes:
+    for mode in run.get("serve/modes", []):
+        if f"serve/refused/{mode}" in run or f"serve/error/{mode}" in run:
+            why = "refused by the atomic guard" if f"serve/refused/{mode}" in run else "error"
+            lines.append(_row([mode, why, *([""] * (len(keys) - 1))]))
+            continue
         vals = [run.get(f"{k}/{mode}", "") for k, _ in keys]
         lines.append(_row([mode, *(f"{v:.2f}" if isinstance(v, float) else v for v in vals)]))
+    lines += ["", f"Idle sync (no traffic): {run['serve/idle_sync_seconds']:.2f} s; `serve/ok`: {run['serve/ok']}."]
     return lines
 
 

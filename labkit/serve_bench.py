@@ -11,7 +11,8 @@ greedy output per prompt (the reference, from the idle engine) and checks every 
   before the span, else mixed;
 - aborted: finish_reason "abort" (abort mode; the client retries); mixed: anything else.
 `serve/ok` is false (exit code 1) when any response is mixed or failed, a sync failed, or no request was in
-flight during a sync (a run that tested nothing).
+flight during a sync (a run that tested nothing). in_place is refused by labkit's atomic guard (running
+requests would keep KV of the old weights; `SyncConfig` says why): it is reported as `serve/refused/in_place`.
 """
 
 from __future__ import annotations
@@ -237,6 +238,8 @@ def run(cfg: ServeBenchConfig | None = None, model_dir: str | None = None, progr
                 print(f"serve-sync: mode {mode} ...", flush=True)
             try:
                 per_mode[mode] = run_mode(wb, guard, spec, mode, prompts, refs, cfg)
+            except ValueError as e:  # refused by design before any traffic (in_place under the atomic guard)
+                per_mode[mode] = {"refused": str(e)}
             except Exception as e:  # noqa: BLE001 - e.g. the engine stopped answering: later modes cannot run
                 per_mode[mode] = {"error": f"{type(e).__name__}: {e}"[:400]}
                 break
@@ -252,8 +255,8 @@ def run(cfg: ServeBenchConfig | None = None, model_dir: str | None = None, progr
 def summarize(per_mode: dict, refs: dict, idle_s: float, cfg: ServeBenchConfig, wall_s: float) -> dict:
     out = {}
     for mode, m in per_mode.items():
-        if "error" in m:
-            out[f"serve/error/{mode}"] = m["error"]
+        if "error" in m or "refused" in m:
+            out[f"serve/{'error' if 'error' in m else 'refused'}/{mode}"] = m.get("error") or m["refused"]
             continue
         for k in ("requests", "mixed", "aborted", "retracted", "spanned", "failed", "in_flight_during_sync",
                   "pause_seconds", "sync_seconds", "sync_failed", "errors"):
@@ -261,8 +264,10 @@ def summarize(per_mode: dict, refs: dict, idle_s: float, cfg: ServeBenchConfig, 
         out[f"serve/ok_responses/{mode}"] = m["ok"]
     versions = list(refs)
     changed = [sum(refs[a][p] != refs[b][p] for p in refs[a]) for a, b in zip(versions, versions[1:])]
-    ok = len(per_mode) == len(cfg.modes) and sum(changed) > 0 and all("error" not in m and m["mixed"] == 0 and m["failed"] == 0 and m["sync_failed"] == 0 and m["in_flight_during_sync"] > 0
-             for m in per_mode.values())
+    measured = [m for m in per_mode.values() if "refused" not in m]
+    ok = (len(per_mode) == len(cfg.modes) and bool(measured) and sum(changed) > 0
+          and all("error" not in m and m["mixed"] == 0 and m["failed"] == 0 and m["sync_failed"] == 0
+                  and m["in_flight_during_sync"] > 0 for m in measured))
     out.update({"serve/ok": ok, "serve/idle_sync_seconds": round(idle_s, 4), "serve/modes": list(per_mode),
                 "serve/versions": len(versions), "serve/prompts_changed_per_sync_min": min(changed, default=0),
                 "serve/prompts_changed_total": sum(changed),

@@ -28,9 +28,9 @@ import torch
 from labkit.compat import loopback
 from labkit.sync import bucket as bk
 from labkit.sync import failpoints as fp
+from labkit.sync.config import TRANSPORTS
 from labkit.sync.plan import Bucket
 
-TRANSPORTS = ("per-tensor", "colocated", "distributed")
 
 
 class PerTensor:

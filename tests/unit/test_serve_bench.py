@@ -60,3 +60,21 @@ def test_config_is_validated():
         ServeBenchConfig(modes=("pause",))
     with pytest.raises(ValueError, match="syncs"):
         ServeBenchConfig(syncs=0)
+
+
+def test_in_place_is_refused_by_the_atomic_guard_and_reported_not_failed():
+    from labkit.serve_bench import summarize
+    from labkit.sync.config import SyncConfig
+
+    with pytest.raises(ValueError, match="pause_mode='in_place' is refused by the atomic guard"):
+        SyncConfig(pause_mode="in_place")
+    assert SyncConfig(pause_mode="in_place", atomic=False).pause_mode == "in_place"  # the bare transport may
+    good = {"requests": 3, "mixed": 0, "aborted": 0, "retracted": 0, "spanned": 0, "failed": 0,
+            "in_flight_during_sync": 2, "pause_seconds": 0.1, "sync_seconds": 0.2, "sync_failed": 0, "errors": [],
+            "ok": 3}
+    refs = {"v0": {0: [1]}, "v1": {0: [2]}}
+    out = summarize({"retract": good, "in_place": {"refused": "no"}}, refs, 0.1,
+                    ServeBenchConfig(modes=("retract", "in_place")), 1.0)
+    assert out["serve/ok"] is True and out["serve/refused/in_place"] == "no"
+    out = summarize({"in_place": {"refused": "no"}}, refs, 0.1, ServeBenchConfig(modes=("in_place",)), 1.0)
+    assert out["serve/ok"] is False  # nothing measured is not a pass
