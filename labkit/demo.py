@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from labkit.config import ParallelSpec, TrainConfig
-from labkit.sync.session import SyncConfig
+from labkit.sync.config import SyncConfig
 
 
 def train(trainer, steps: int, batch_size: int = 16, seed: int = 0, progress: bool = True) -> list[dict]:

@@ -95,7 +95,7 @@ class Harness:
 
     def _arm(self, t: Trial, n_buckets: int, n_groups: int, tmp: str) -> _Killer | None:
         """Arm the trial's fault (and a probe at sync.begin where the fault itself holds nothing)."""
-        from labkit.sync import failpoints as fpt
+        from labkit import failpoints as fpt
 
         wb, engine, cfg = self.wb, self.wb.engine, self.cfg
         trainer0 = wb.trainer.actors[0]
@@ -164,7 +164,7 @@ class Harness:
 
     def _disarm(self, engine) -> bool:
         """Disarm trainer and engine; restart a trainer the fault killed. True if the trainer had survived."""
-        from labkit.sync import failpoints as fpt
+        from labkit import failpoints as fpt
 
         alive = _alive(self.wb.trainer)
         if alive:

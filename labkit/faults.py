@@ -1,7 +1,7 @@
 """`labkit faults`: randomized fault injection at random points of real syncs (Megatron trainer -> SGLang).
 
 Each trial trains one step (so the new version differs from the served one), records the engine's checksums
-(old) and those of what the trainer is about to send (new), arms one fault (labkit.sync.failpoints), runs an
+(old) and those of what the trainer is about to send (new), arms one fault (labkit.failpoints), runs an
 atomic sync (labkit.sync.atomic) and then checks, before anything else talks to the engine, that it serves
 exactly old or new (`half_updated` counts engines that serve neither), that its weight_version names what it
 serves, what it served while the sync was held mid-way, whether the fault had really changed the engine's

@@ -14,7 +14,7 @@ import time
 from dataclasses import replace
 
 from labkit.config import ParallelSpec, TrainConfig
-from labkit.sync.session import SyncConfig
+from labkit.sync.config import SyncConfig
 
 
 def default_model_dir() -> str:
