@@ -123,7 +123,9 @@ def cmd_faults(args) -> int:
     default = faults.FaultsConfig()
     trials = args.trials if args.trials is not None else (len(faults.QUICK_KINDS) if args.quick else default.trials)
     cfg = faults.FaultsConfig(trials=trials, seed=args.seed, quick=args.quick)
-    out = faults.run(cfg)
+    from labkit import fault_harness
+
+    out = fault_harness.run(cfg)
     if not args.rows:
         out.pop("faults/rows", None)
     _write(out, args.out)

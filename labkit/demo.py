@@ -10,22 +10,6 @@ from labkit.config import ParallelSpec, TrainConfig
 from labkit.sync.config import SyncConfig
 
 
-def train(trainer, steps: int, batch_size: int = 16, seed: int = 0, progress: bool = True) -> list[dict]:
-    """Supervised steps on the arithmetic corpus (answer tokens only). Returns per-step metrics."""
-    from tqdm.auto import tqdm
-
-    from labkit.tasks import arith
-
-    history = []
-    bar = tqdm(range(steps), desc="train", disable=not progress, mininterval=1.0)
-    for step in bar:
-        tokens, mask = arith.batch(arith.problems(batch_size, seed=seed * 100_003 + step))
-        m = trainer.train_step(tokens, mask)
-        history.append({"step": step, **m})
-        bar.set_postfix(loss=f"{m['train/loss']:.3f}", mtp=f"{m['mtp/loss']:.3f}")
-    return history
-
-
 def export_parity(trainer, workdir: str | Path) -> dict:
     """Export -> a fresh transformers model (and MiMo's MTP order) must reproduce the trainer's logits."""
     from labkit.models.hf import ReferenceModel

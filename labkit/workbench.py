@@ -23,6 +23,22 @@ def default_model_dir() -> str:
     return str(DEFAULT_DIR)
 
 
+def train(trainer, steps: int, batch_size: int = 16, seed: int = 0, progress: bool = True) -> list[dict]:
+    """Supervised steps on the arithmetic corpus (answer tokens only). Returns per-step metrics."""
+    from tqdm.auto import tqdm
+
+    from labkit.tasks import arith
+
+    history = []
+    bar = tqdm(range(steps), desc="train", disable=not progress, mininterval=1.0)
+    for step in bar:
+        tokens, mask = arith.batch(arith.problems(batch_size, seed=seed * 100_003 + step))
+        m = trainer.train_step(tokens, mask)
+        history.append({"step": step, **m})
+        bar.set_postfix(loss=f"{m['train/loss']:.3f}", mtp=f"{m['mtp/loss']:.3f}")
+    return history
+
+
 class Workbench:
     def __init__(self, model_dir: str | None = None, parallel: ParallelSpec | None = None,
                  train: TrainConfig | None = None, engine=None, placement: str = "colocated",
@@ -51,8 +67,6 @@ class Workbench:
 
     def train(self, steps: int, batch_size: int = 16, progress: bool = True) -> list[dict]:
         """Supervised steps on the arithmetic task, so the trainer's weights move away from the engine's."""
-        from labkit.demo import train
-
         hist = train(self.trainer, steps, batch_size=batch_size, seed=1 + self.steps, progress=progress)
         self.steps += steps
         return hist
