@@ -123,7 +123,9 @@ def cmd_faults(args) -> int:
     default = faults.FaultsConfig()
     trials = args.trials if args.trials is not None else (len(faults.QUICK_KINDS) if args.quick else default.trials)
     cfg = faults.FaultsConfig(trials=trials, seed=args.seed, quick=args.quick)
-    out = faults.run(cfg)
+    from labkit import fault_harness
+
+    out = fault_harness.run(cfg)
     if not args.rows:
         out.pop("faults/rows", None)
     _write(out, args.out)
@@ -187,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--transport", default="colocated", help="per-tensor | colocated | distributed")
     d.add_argument("--bucket-mb", type=_positive_float("bucket_mb"), default=64.0)
     d.add_argument("--memory-budget-mb", type=_positive_float("memory_budget_mb"), default=None)
-    d.add_argument("--verify", default="checksum", help="checksum | full | none")
+    d.add_argument("--verify", default="checksum", help="checksum | full (none is refused: an atomic sync serves only verified weights)")
     d.add_argument("--model", default=None, help="HF model directory (default: data/tiny-mimo)")
     d.add_argument("--engine-url", default=None, help="an SGLang server to sync into instead of a Ray actor")
     d.add_argument("--steps", type=int, default=3)

@@ -7,23 +7,7 @@ import time
 from pathlib import Path
 
 from labkit.config import ParallelSpec, TrainConfig
-from labkit.sync.session import SyncConfig
-
-
-def train(trainer, steps: int, batch_size: int = 16, seed: int = 0, progress: bool = True) -> list[dict]:
-    """Supervised steps on the arithmetic corpus (answer tokens only). Returns per-step metrics."""
-    from tqdm.auto import tqdm
-
-    from labkit.tasks import arith
-
-    history = []
-    bar = tqdm(range(steps), desc="train", disable=not progress, mininterval=1.0)
-    for step in bar:
-        tokens, mask = arith.batch(arith.problems(batch_size, seed=seed * 100_003 + step))
-        m = trainer.train_step(tokens, mask)
-        history.append({"step": step, **m})
-        bar.set_postfix(loss=f"{m['train/loss']:.3f}", mtp=f"{m['mtp/loss']:.3f}")
-    return history
+from labkit.sync.config import SyncConfig
 
 
 def export_parity(trainer, workdir: str | Path) -> dict:

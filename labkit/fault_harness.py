@@ -1,4 +1,5 @@
-"""The harness behind `labkit faults` (labkit.faults): one Workbench, one trial at a time.
+"""The harness behind `labkit faults` (`run`; the kinds, plan and summary are in labkit.faults): one Workbench,
+one trial at a time.
 
 A trial arms one fault (a trainer-side failpoint through Ray's `__ray_call__`, an engine-side one in the
 engine actor, which its SGLang scheduler reads), runs an atomic sync, then reads the engine back before anything
@@ -17,9 +18,30 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from labkit.faults import SPEC, FaultsConfig, Trial
+from labkit.faults import KINDS, QUICK_KINDS, SPEC, FaultsConfig, Trial, plan_trials, summarize
 
 PROBE_S = 2.0  # a generate that answers this fast while the sync is held mid-way was served mid-sync
+
+def run(cfg: FaultsConfig | None = None) -> dict:
+    from tqdm.auto import tqdm
+
+    cfg = cfg or FaultsConfig()
+    trials = plan_trials(cfg.trials, cfg.seed, QUICK_KINDS if cfg.quick else KINDS)
+    t0, workdir = time.perf_counter(), tempfile.mkdtemp(prefix="labkit_faults_")
+    rows = []
+    try:
+        h = Harness(cfg, workdir)
+        try:
+            bar = tqdm(trials, desc="faults", unit="trial", disable=not cfg.progress)
+            for i, t in enumerate(bar):
+                bar.set_postfix_str(f"{t.kind}@{t.point or 'input'}/{t.transport}")
+                rows.append(h.trial(i, t))
+            restarts = dict(h.restarts)
+        finally:
+            h.close()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return summarize(rows, cfg, time.perf_counter() - t0, restarts)
 
 
 class _Killer(threading.Thread):
@@ -95,7 +117,7 @@ class Harness:
 
     def _arm(self, t: Trial, n_buckets: int, n_groups: int, tmp: str) -> _Killer | None:
         """Arm the trial's fault (and a probe at sync.begin where the fault itself holds nothing)."""
-        from labkit.sync import failpoints as fpt
+        from labkit import failpoints as fpt
 
         wb, engine, cfg = self.wb, self.wb.engine, self.cfg
         trainer0 = wb.trainer.actors[0]
@@ -164,7 +186,7 @@ class Harness:
 
     def _disarm(self, engine) -> bool:
         """Disarm trainer and engine; restart a trainer the fault killed. True if the trainer had survived."""
-        from labkit.sync import failpoints as fpt
+        from labkit import failpoints as fpt
 
         alive = _alive(self.wb.trainer)
         if alive:

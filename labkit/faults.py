@@ -1,12 +1,13 @@
 """`labkit faults`: randomized fault injection at random points of real syncs (Megatron trainer -> SGLang).
 
 Each trial trains one step (so the new version differs from the served one), records the engine's checksums
-(old) and those of what the trainer is about to send (new), arms one fault (labkit.sync.failpoints), runs an
+(old) and those of what the trainer is about to send (new), arms one fault (labkit.failpoints), runs an
 atomic sync (labkit.sync.atomic) and then checks, before anything else talks to the engine, that it serves
 exactly old or new (`half_updated` counts engines that serve neither), that its weight_version names what it
 serves, what it served while the sync was held mid-way, whether the fault had really changed the engine's
 weights before they were restored, and that a clean sync right after lands verified. The harness
-(labkit.fault_harness) restarts whatever a fault killed; this module plans trials and sums them up (pure).
+(labkit.fault_harness, which also has `run`) restarts whatever a fault killed; this module plans trials and
+sums them up (pure).
 
 Kinds, and where each one hits:
 
@@ -27,9 +28,6 @@ Kinds, and where each one hits:
 from __future__ import annotations
 
 import random
-import shutil
-import tempfile
-import time
 from collections import Counter
 from dataclasses import dataclass
 
@@ -100,29 +98,6 @@ def plan_trials(n: int, seed: int, kinds: tuple[str, ...] = KINDS) -> list[Trial
             out.append(Trial(kind, transport, point, action, round(rng.random(), 3)))
     return out[:n]
 
-
-def run(cfg: FaultsConfig | None = None) -> dict:
-    from tqdm.auto import tqdm
-
-    from labkit.fault_harness import Harness
-
-    cfg = cfg or FaultsConfig()
-    trials = plan_trials(cfg.trials, cfg.seed, QUICK_KINDS if cfg.quick else KINDS)
-    t0, workdir = time.perf_counter(), tempfile.mkdtemp(prefix="labkit_faults_")
-    rows = []
-    try:
-        h = Harness(cfg, workdir)
-        try:
-            bar = tqdm(trials, desc="faults", unit="trial", disable=not cfg.progress)
-            for i, t in enumerate(bar):
-                bar.set_postfix_str(f"{t.kind}@{t.point or 'input'}/{t.transport}")
-                rows.append(h.trial(i, t))
-            restarts = dict(h.restarts)
-        finally:
-            h.close()
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    return summarize(rows, cfg, time.perf_counter() - t0, restarts)
 
 
 def summarize(rows: list[dict], cfg: FaultsConfig, wall_s: float, restarts: dict) -> dict:

@@ -22,8 +22,9 @@ import time
 from dataclasses import dataclass
 
 from labkit.config import check
+from labkit.engine.config import PAUSE_MODES
 
-MODES = ("abort", "retract", "in_place")
+MODES = PAUSE_MODES
 OUTCOMES = ("ok", "spanned", "aborted", "mixed")
 
 

@@ -20,7 +20,7 @@ def sync_explorer(wb, transports=("colocated", "distributed", "per-tensor"),
     from IPython.display import display
 
     from labkit import viz
-    from labkit.sync.session import SyncConfig
+    from labkit.sync.config import SyncConfig
 
     sizes = sorted(sizes_mb)
     value = min(sizes, key=lambda s: abs(s - value_mb))

@@ -14,13 +14,29 @@ import time
 from dataclasses import replace
 
 from labkit.config import ParallelSpec, TrainConfig
-from labkit.sync.session import SyncConfig
+from labkit.sync.config import SyncConfig
 
 
 def default_model_dir() -> str:
     from labkit.models.pretrain import DEFAULT_DIR
 
     return str(DEFAULT_DIR)
+
+
+def train(trainer, steps: int, batch_size: int = 16, seed: int = 0, progress: bool = True) -> list[dict]:
+    """Supervised steps on the arithmetic corpus (answer tokens only). Returns per-step metrics."""
+    from tqdm.auto import tqdm
+
+    from labkit.tasks import arith
+
+    history = []
+    bar = tqdm(range(steps), desc="train", disable=not progress, mininterval=1.0)
+    for step in bar:
+        tokens, mask = arith.batch(arith.problems(batch_size, seed=seed * 100_003 + step))
+        m = trainer.train_step(tokens, mask)
+        history.append({"step": step, **m})
+        bar.set_postfix(loss=f"{m['train/loss']:.3f}", mtp=f"{m['mtp/loss']:.3f}")
+    return history
 
 
 class Workbench:
@@ -51,8 +67,6 @@ class Workbench:
 
     def train(self, steps: int, batch_size: int = 16, progress: bool = True) -> list[dict]:
         """Supervised steps on the arithmetic task, so the trainer's weights move away from the engine's."""
-        from labkit.demo import train
-
         hist = train(self.trainer, steps, batch_size=batch_size, seed=1 + self.steps, progress=progress)
         self.steps += steps
         return hist

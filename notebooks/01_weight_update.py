@@ -24,14 +24,14 @@ nb.env_report();
 STEPS = 3  # training steps before the sync
 TRANSPORT = "colocated"  # per-tensor | colocated | distributed
 BUCKET_MB = 1.0  # bucket size in MiB (ignored by per-tensor)
-VERIFY = "checksum"  # checksum | full | none
+VERIFY = "checksum"  # checksum | full (an atomic sync refuses "none" unless unsafe_skip_verify=True)
 BASELINE = True  # also sync per-tensor first, to compare against
 INTERACTIVE = False  # True in JupyterLab: transport/bucket controls and a Run button
 
 # %% tags=["validate"]
 nb.check_params(globals(), {
     "STEPS": nb.Int(0, 200), "TRANSPORT": nb.Choice("per-tensor", "colocated", "distributed"),
-    "BUCKET_MB": nb.Float(0.001, 1024), "VERIFY": nb.Choice("checksum", "full", "none"),
+    "BUCKET_MB": nb.Float(0.001, 1024), "VERIFY": nb.Choice("checksum", "full"),
     "BASELINE": nb.Bool(), "INTERACTIVE": nb.Bool()});
 
 # %%

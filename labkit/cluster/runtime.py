@@ -88,3 +88,27 @@ def shutdown() -> None:
 
     if ray.is_initialized():
         ray.shutdown()
+
+
+def wait_dead(actors, timeout_s: float = 30.0) -> None:
+    """Until no actor answers (bounded): what a killed actor held (files, ports) is free only once its process is
+    gone."""
+    import time
+
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    pending = list(actors)
+    while pending and time.monotonic() < deadline:
+        alive = []
+        for a in pending:
+            try:
+                ray.get(a.__ray_ready__.remote(), timeout=1)
+                alive.append(a)
+            except ray.exceptions.GetTimeoutError:
+                alive.append(a)  # still going down
+            except ray.exceptions.RayError:
+                pass
+        pending = alive
+        if pending:
+            time.sleep(0.2)

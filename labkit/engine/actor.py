@@ -280,22 +280,11 @@ class ActorBackend:
         except ray.exceptions.RayError:
             pass  # already dead or stuck: killing the actor takes its SGLang children down (PDEATHSIG)
         ray.kill(self.actor, no_restart=True)
-        _wait_dead(self.actor)
+        from labkit.cluster.runtime import wait_dead
+
+        wait_dead([self.actor])
         return removed + compat.cleanup_shm()
 
-
-def _wait_dead(actor, timeout_s: float = 30.0) -> None:
-    import time
-
-    import ray
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            ray.get(actor.ready.remote(), timeout=1)
-        except ray.exceptions.RayError:
-            return
-        time.sleep(0.2)
 
 
 def remote_class(num_cpus: float = 1, num_gpus: float = 0):

@@ -9,6 +9,7 @@ DTYPES = ("auto", "float32", "bfloat16")
 # tokens / 14.4 GB for the 64-hidden tiny model on this 23 GB box. On CPU we cap it unless told otherwise.
 CPU_DEFAULT_MAX_TOTAL_TOKENS = 16384
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+PAUSE_MODES = ("abort", "retract", "in_place")  # SGLang's PauseGenerationReqInput.mode
 
 
 def _bad(field: str, value, allowed: str) -> ValueError:

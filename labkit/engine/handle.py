@@ -12,11 +12,10 @@ import json
 import time
 from pathlib import Path
 
-from labkit.engine.config import EngineConfig
+from labkit.engine.config import PAUSE_MODES, EngineConfig
 from labkit.engine.errors import EngineError, EngineUnreachable, Unsupported
 from labkit.engine.spec import check_update, model_spec
 
-PAUSE_MODES = ("abort", "retract", "in_place")  # SGLang's PauseGenerationReqInput.mode
 FULL = 2**31 - 1  # truncate_size that keeps every row (SGLang slices the row list with it)
 _NO_CPU_MEMORY_RELEASE = (
     "release/resume_memory_occupation is unsupported on a CPU engine: SGLang's scheduler calls "

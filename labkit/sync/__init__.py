@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from labkit.config import check
-from labkit.sync.session import SyncConfig
+from labkit.sync.config import SyncConfig
 
 __all__ = ["SyncConfig", "sync", "engine_spec"]
 

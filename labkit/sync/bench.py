@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from labkit.config import ModelSpec
-from labkit.sync.session import MB, SyncConfig
+from labkit.sync.config import MB, SyncConfig
 
 # ~79 M parameters, 316 MB in fp32, 307 tensors: the tiny family scaled up by its size arguments.
 BENCH_SPEC = ModelSpec(hidden=512, layers=24, heads=8, kv_heads=4, ffn=1536, mtp_layers=1, seed=0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from labkit.sync import failpoints as fp
+from labkit import failpoints as fp
 from labkit.sync.plan import Bucket
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from labkit.config import check
+from labkit.engine.config import PAUSE_MODES
 
 MB = 1 << 20
 TRANSPORTS = ("per-tensor", "colocated", "distributed")
-PAUSE_MODES = ("abort", "retract", "in_place")  # SGLang's pause_generation modes
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

@@ -7,7 +7,7 @@ weight_version -> verify (checksums, trainer side vs engine side).
 Runs on the trainer rank that holds the full exported tensors (rank 0); the other ranks only drain the
 export generator, whose collectives need every rank. With `stage_dir` set (labkit.sync.atomic does), every
 tensor sent is also written to a host-side copy there (`timing/sync/stage`): the rollback source of the
-next sync. Every wait is bounded by `timeout_s`; named failpoints (labkit.sync.failpoints) mark where
+next sync. Every wait is bounded by `timeout_s`; named failpoints (labkit.failpoints) mark where
 `labkit faults` injects faults.
 """
 
@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from labkit.sync import bucket as bk
-from labkit.sync import failpoints as fp
+from labkit import failpoints as fp
 from labkit.sync import lastgood
 from labkit.sync import verify as vf
 from labkit.sync.plan import Plan, TensorMeta, check_coverage, excluding, plan_buckets

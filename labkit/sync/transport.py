@@ -27,7 +27,7 @@ import torch
 
 from labkit.compat import loopback
 from labkit.sync import bucket as bk
-from labkit.sync import failpoints as fp
+from labkit import failpoints as fp
 from labkit.sync.config import TRANSPORTS
 from labkit.sync.plan import Bucket
 

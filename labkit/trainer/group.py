@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from labkit.cluster import runtime
 from labkit.config import ParallelSpec, TrainConfig
 
 
@@ -18,7 +19,6 @@ class Trainer:
                  *, placement=None):
         import ray
 
-        from labkit.cluster import runtime
         from labkit.models.hf import check_parallel, read_config_json
         from labkit.trainer.rank import TrainerRank
 
@@ -111,28 +111,6 @@ class Trainer:
             pass
         for a in actors:
             ray.kill(a, no_restart=True)
-        _wait_dead(actors)
+        runtime.wait_dead(actors)
         return compat.cleanup_shm()
 
-
-def _wait_dead(actors, timeout_s: float = 30.0) -> None:
-    """Until no actor answers (bounded): their files can be removed only once their process is gone."""
-    import time
-
-    import ray
-
-    deadline = time.monotonic() + timeout_s
-    pending = list(actors)
-    while pending and time.monotonic() < deadline:
-        alive = []
-        for a in pending:
-            try:
-                ray.get(a.__ray_ready__.remote(), timeout=1)
-                alive.append(a)
-            except ray.exceptions.GetTimeoutError:
-                alive.append(a)  # still going down
-            except ray.exceptions.RayError:
-                pass
-        pending = alive
-        if pending:
-            time.sleep(0.2)

@@ -29,6 +29,17 @@ def shm_leftovers(pids=()) -> list[str]:
                   if f.name.startswith(compat.SHM_PREFIXES + torch_files) and str(f) not in held)
 
 
+def restore_model_dir(engine, model_dir) -> None:
+    """Put the model directory's weights (and version) back, so the shared engine serves what other tests expect."""
+    from safetensors.torch import load_file
+
+    weights = load_file(str(model_dir / "model.safetensors"))
+    engine.begin_weight_update()
+    engine.update_weights_from_tensor(list(weights.items()))
+    engine.end_weight_update()
+    engine.set_weight_version("default")
+
+
 def live(pids) -> list[int]:
     import psutil
 

@@ -13,8 +13,9 @@ import pytest
 
 from labkit.config import ParallelSpec, TrainConfig
 from labkit.faults import QUICK_KINDS
+from tests.integration.conftest import restore_model_dir
 from labkit.sync import SyncConfig, engine_spec
-from labkit.sync import failpoints as fp
+from labkit import failpoints as fp
 from labkit.sync.atomic import SyncFailed, guard_for
 
 pytestmark = pytest.mark.integration
@@ -30,17 +31,8 @@ def trainer_box(engine, engine_model_dir):
     box = {"t": Trainer(str(engine_model_dir), ParallelSpec(), TrainConfig(lr=3e-3)), "dir": str(engine_model_dir)}
     yield box
     box["t"].shutdown()
-    _restore_model_dir(engine, engine_model_dir)
+    restore_model_dir(engine, engine_model_dir)
 
-
-def _restore_model_dir(engine, model_dir):
-    from safetensors.torch import load_file
-
-    weights = load_file(str(model_dir / "model.safetensors"))
-    engine.begin_weight_update()
-    engine.update_weights_from_tensor(list(weights.items()))
-    engine.end_weight_update()
-    engine.set_weight_version("default")
 
 
 def _new_trainer(box):

@@ -15,7 +15,8 @@ import pytest
 from labkit.compat import loopback
 from labkit.config import ParallelSpec, TrainConfig
 from labkit.sync import SyncConfig, sync
-from labkit.sync import failpoints as fp
+from labkit import failpoints as fp
+from tests.integration.conftest import restore_model_dir
 
 pytestmark = pytest.mark.integration
 
@@ -73,14 +74,5 @@ def test_every_listener_is_loopback_while_a_distributed_sync_is_held_mid_way(eng
         gate.unlink(missing_ok=True)
         fp.disarm_in_actor(trainer.actors[0]) if trainer.actors else None
         trainer.shutdown()
-        _restore(engine, engine_model_dir)
+        restore_model_dir(engine, engine_model_dir)
 
-
-def _restore(engine, model_dir):
-    from safetensors.torch import load_file
-
-    weights = load_file(str(model_dir / "model.safetensors"))
-    engine.begin_weight_update()
-    engine.update_weights_from_tensor(list(weights.items()))
-    engine.end_weight_update()
-    engine.set_weight_version("default")

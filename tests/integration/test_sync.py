@@ -5,6 +5,7 @@ import pytest
 
 from labkit.config import ParallelSpec, TrainConfig
 from labkit.sync import SyncConfig, engine_spec, sync
+from tests.integration.conftest import restore_model_dir
 
 pytestmark = pytest.mark.integration
 
@@ -16,17 +17,8 @@ def trainer(engine, engine_model_dir):
     t = Trainer(str(engine_model_dir), ParallelSpec(), TrainConfig(lr=3e-3))
     yield t
     t.shutdown()
-    _restore(engine, engine_model_dir)
+    restore_model_dir(engine, engine_model_dir)
 
-
-def _restore(engine, model_dir):
-    """Put the model directory's weights back so the shared engine serves what other tests expect."""
-    from safetensors.torch import load_file
-
-    weights = load_file(str(model_dir / "model.safetensors"))
-    engine.begin_weight_update()
-    engine.update_weights_from_tensor(list(weights.items()))
-    engine.end_weight_update()
 
 
 def _train(trainer, steps=2, seed=0):

@@ -9,7 +9,7 @@ import torch
 from labkit.engine.errors import EngineError
 from labkit.engine.spec import check_update
 from labkit.faults import KINDS, QUICK_KINDS, FaultsConfig, plan_trials
-from labkit.sync import failpoints as fp
+from labkit import failpoints as fp
 from labkit.sync import lastgood
 from labkit.sync import verify as vf
 from labkit.sync.session import SyncConfig
@@ -155,14 +155,14 @@ def test_engine_points_are_armed_for_the_child_process_that_applies(tmp_path):
     import sys
 
     fp.arm("engine.apply", "raise", nth=2, match=".k_proj.")
-    child = ("from labkit.sync import failpoints as fp\n"
+    child = ("from labkit import failpoints as fp\n"
              "assert fp.engine_armed('engine.apply')\n"
              "for n in ['l0.q_proj.w', 'l0.k_proj.w', 'l1.q_proj.w']: fp.hit('engine.apply', name=n)\n"
              "try:\n    fp.hit('engine.apply', name='l1.k_proj.w')\nexcept fp.FaultInjected:\n    print('FIRED')\n")
     out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
     assert "FIRED" in out.stdout, out.stderr
     fp.disarm()
-    out = subprocess.run([sys.executable, "-c", "from labkit.sync import failpoints as fp; "
+    out = subprocess.run([sys.executable, "-c", "from labkit import failpoints as fp; "
                           "print(fp.engine_armed('engine.apply'))"], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
 

@@ -26,7 +26,7 @@ import torch
 from sglang.srt.models.mimo import MiMoForCausalLM as _SGLangMiMo
 from torch import nn
 
-from labkit.sync import failpoints as fp
+from labkit import failpoints as fp
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,8 @@
 """Failpoints: named places inside a sync where `labkit faults` and the tests inject a fault. Off by default.
 
+A foundation module (it imports nothing of labkit but `config`): the sync layer and the engine's model code
+(SGLang's scheduler process) both fire points, and neither may import the other.
+
 A failpoint is armed in the process where it fires (a trainer rank; the driver reaches it with Ray's
 `actor.__ray_call__`), so no trainer or engine code needs a test-only branch. Unarmed, `hit()` is one dict
 lookup. The points (in the order a sync reaches them):
