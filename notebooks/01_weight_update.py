@@ -24,7 +24,7 @@ nb.env_report();
 STEPS = 3  # training steps before the sync
 TRANSPORT = "colocated"  # per-tensor | colocated | distributed
 BUCKET_MB = 1.0  # bucket size in MiB (ignored by per-tensor)
-VERIFY = "checksum"  # checksum | full (an atomic sync refuses "none" unless unsafe_skip_verify=True)
+VERIFY = "checksum"  # checksum | full (an atomic sync refuses none)
 BASELINE = True  # also sync per-tensor first, to compare against
 INTERACTIVE = False  # True in JupyterLab: transport/bucket controls and a Run button
 
