@@ -82,9 +82,10 @@ def cmd_serve_sync(args) -> int:
     from labkit import serve_bench as sb
 
     # Validate every flag before anything starts (ServeBenchConfig names the bad value).
-    modes = tuple(m.strip() for m in args.modes.split(",")) if args.modes else sb.MODES
-    cfg = sb.ServeBenchConfig(modes=modes, syncs=args.syncs, max_requests=args.max_requests)
-    out = {**sb.run(cfg, model_dir=args.model, progress=not args.json), "command": " ".join(["labkit", *sys.argv[1:]])}
+    default = ("abort",) if args.backend == "actor" else sb.MODES  # the actor answers one call at a time
+    modes = tuple(m.strip() for m in args.modes.split(",")) if args.modes else default
+    cfg = sb.ServeBenchConfig(modes=modes, syncs=args.syncs, max_requests=args.max_requests, backend=args.backend)
+    out = sb.run(cfg, model_dir=args.model, progress=not args.json)
     _write(out, args.out)
     _emit(out, args.json)
     return 0 if out["serve/ok"] else 1
@@ -205,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--syncs", type=int, default=3, help="serve-sync: syncs per pause mode")
     d.add_argument("--max-requests", type=int, default=200, help="serve-sync: requests per pause mode at most")
     d.add_argument("--model", default=None, help="serve-sync: HF model dir (default: a tiny random MiMo)")
+    d.add_argument("--backend", default="http", help="serve-sync: http (an SGLang server) or actor (a Ray actor)")
     d.add_argument("--bucket-mb", type=_positive_float("bucket_mb"), default=32.0)
     d.add_argument("--reps", type=int, default=3)
     d.add_argument("--quick", action="store_true", help="a small model (tests)")

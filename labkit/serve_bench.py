@@ -26,6 +26,7 @@ from labkit.engine.config import PAUSE_MODES
 
 MODES = PAUSE_MODES
 OUTCOMES = ("ok", "spanned", "aborted", "mixed")
+BACKENDS = ("http", "actor")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -40,10 +41,12 @@ class ServeBenchConfig:
     bucket_mb: float = 0.05  # small buckets: a sync long enough to overlap requests
     timeout_s: float = 30.0  # one engine call / one wait
     lr: float = 2e-2  # the trainer's: syncs must change greedy outputs (serve/prompts_changed_*)
+    backend: str = "http"  # "http": an SGLang server (pause modes apply); "actor": Workbench's Ray actor engine
 
     def __post_init__(self) -> None:
         check(isinstance(self.modes, tuple) and self.modes and all(m in MODES for m in self.modes), "modes",
               self.modes, f"a non-empty tuple of {', '.join(MODES)}")
+        check(self.backend in BACKENDS, "backend", self.backend, " or ".join(BACKENDS))
         for f in ("syncs", "clients", "max_requests", "prompts", "max_new_tokens"):
             v = getattr(self, f)
             check(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f, v, "an integer >= 1")
@@ -220,9 +223,12 @@ def run(cfg: ServeBenchConfig | None = None, model_dir: str | None = None, progr
         model = model_dir or str(make_tiny_mimo(Path(tmp) / "tiny", SPEC))
         ecfg = EngineConfig(model_dir=model, dtype="float32", max_total_tokens=4096, mem_fraction_static=0.05,
                             call_timeout_s=cfg.timeout_s)
-        server = EngineHandle.launch(ecfg)
         # A large lr: every sync must change some greedy outputs, or a mixed response could not be told apart
-        wb = Workbench(model, engine=ecfg, engine_url=server.url, train=TrainConfig(lr=cfg.lr))
+        if cfg.backend == "http":
+            server = EngineHandle.launch(ecfg)
+            wb = Workbench(model, engine=ecfg, engine_url=server.url, train=TrainConfig(lr=cfg.lr))
+        else:  # the handle holds requests while the actor is paused; in-flight ones finish first (one call at a time)
+            wb = Workbench(model, engine=ecfg, train=TrainConfig(lr=cfg.lr))
         guard, spec = guard_for(wb.engine), engine_spec(model, ecfg.dtype)
         prompts = [encode(p.prompt) for p in arith.problems(cfg.prompts, seed=7)]
         idle = []
@@ -272,7 +278,7 @@ def summarize(per_mode: dict, refs: dict, idle_s: float, cfg: ServeBenchConfig, 
     out.update({"serve/ok": ok, "serve/idle_sync_seconds": round(idle_s, 4), "serve/modes": list(per_mode),
                 "serve/versions": len(versions), "serve/prompts_changed_per_sync_min": min(changed, default=0),
                 "serve/prompts_changed_total": sum(changed),
-                "serve/prompts": cfg.prompts, "serve/max_new_tokens": cfg.max_new_tokens,
+                "serve/backend": cfg.backend, "serve/prompts": cfg.prompts, "serve/max_new_tokens": cfg.max_new_tokens,
                 "serve/clients": cfg.clients, "serve/syncs_per_mode": cfg.syncs, "serve/wall_s": round(wall_s, 1),
                 "serve/definitions": "pause_seconds: mean per sync of pause_generation -> continue_generation "
                                      "(driver clock); sync_seconds: mean atomic sync under load; idle_sync_seconds: "

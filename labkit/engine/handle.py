@@ -16,6 +16,7 @@ from labkit.engine.config import PAUSE_MODES, EngineConfig
 from labkit.engine.errors import EngineError, EngineUnreachable, Unsupported
 from labkit.engine.spec import check_update, model_spec
 
+HOLD_POLL_S = 0.05  # a request held while paused asks again this often (Ray actor backend)
 FULL = 2**31 - 1  # truncate_size that keeps every row (SGLang slices the row list with it)
 _NO_CPU_MEMORY_RELEASE = (
     "release/resume_memory_occupation is unsupported on a CPU engine: SGLang's scheduler calls "
@@ -167,20 +168,15 @@ class EngineHandle:
                  sampling: dict | list[dict] | None = None, return_logprob: bool = False) -> list[dict]:
         """One dict per prompt: tokens (output ids), text, logprobs (per output token, or None), meta_info
         (SGLang's, incl. weight_version and any spec_* keys; the logprob lists are moved out).
-        While generation is paused (a weight update) an HTTP server holds the request until
-        continue_generation (at most the call timeout); the Ray actor backend refuses it (EngineError)."""
+        While generation is paused (a weight update) the request waits for continue_generation, at most the
+        call timeout, and is then answered by the new weights: an HTTP server holds it itself; for the Ray actor
+        backend this handle holds it (see `_generate_held`)."""
         if (prompts is None) == (input_ids is None):
             raise ValueError("generate: pass exactly one of prompts= or input_ids=")
         if self._closed:
             raise EngineError("generate: this engine handle was shut down")
-        if self._paused and self._actor is not None:
-            # The actor runs one call at a time: a request waiting for continue_generation would block the
-            # very call that continues it. (An HTTP server just holds the request until continued.)
-            raise EngineError("generate: generation is paused; call continue_generation() first")
         sampling = list(sampling) if isinstance(sampling, (list, tuple)) else dict(sampling or {})  # or one per prompt
-        outs = self._b.generate(prompts, input_ids, sampling, bool(return_logprob))
-        if outs and "labkit_refused" in outs[0]:  # the actor's own gate (see EngineActor.generate)
-            raise EngineError(f"generate: {outs[0]['labkit_refused']}")
+        outs = self._generate_held(prompts, input_ids, sampling, bool(return_logprob))
         results = []
         for o in outs:
             meta = dict(o.get("meta_info", {}))
@@ -270,6 +266,24 @@ class EngineHandle:
     # --- cache and scheduling ------------------------------------------------------------------------------
     def flush_cache(self) -> str:
         return self._control("flush_cache")
+
+    def _generate_held(self, prompts, input_ids, sampling, return_logprob: bool) -> list:
+        """The actor runs one call at a time, so a request parked inside SGLang until continue_generation would
+        block the very call that continues it: the actor refuses while paused (EngineActor.generate), and the
+        request waits here instead, polling, until the sync ends or the call timeout passes (then the refusal
+        is raised, naming it). A request is never answered by weights in the middle of a sync."""
+        deadline = time.monotonic() + getattr(self._b, "timeout_s", 0.0)
+        while True:
+            refusal = "generation is paused; call continue_generation() first" if (
+                self._paused and self._actor is not None) else None
+            if refusal is None:
+                outs = self._b.generate(prompts, input_ids, sampling, return_logprob)
+                if not (outs and "labkit_refused" in outs[0]):
+                    return outs
+                refusal = outs[0]["labkit_refused"]
+            if time.monotonic() >= deadline:
+                raise EngineError(f"generate: {refusal} (held {getattr(self._b, 'timeout_s', 0.0):.0f} s)")
+            time.sleep(HOLD_POLL_S)
 
     def pause_generation(self, mode: str = "abort") -> str:
         """SGLang's pause: new requests are held until continue_generation; in-flight ones are aborted

@@ -1,5 +1,6 @@
 """A real SGLang 0.5.23 engine on CPU: in a Ray actor (session fixture `engine`) and over HTTP."""
 
+import threading
 import time
 
 import pytest
@@ -248,9 +249,18 @@ def test_cpu_memory_release_is_refused_without_asking_sglang(engine):
 def test_flush_pause_continue_and_unknown_tensor(engine):
     engine.flush_cache()
     engine.pause_generation()
-    with pytest.raises(EngineError, match="paused"):
-        engine.generate(input_ids=[[5, 6, 7]], sampling=GREEDY)
+    # Another process's handle: the actor refuses while paused; the handle holds the request for its call
+    # timeout, then raises naming why (an engine left paused by a failed restore must not hang callers).
+    with pytest.raises(EngineError, match=r"paused.*held 1 s"):
+        engine.portable(call_timeout_s=1).generate(input_ids=[[5, 6, 7]], sampling=GREEDY)
+    held = {}
+    t = threading.Thread(target=lambda: held.update(out=engine.generate(input_ids=[[5, 6, 7]], sampling=GREEDY)))
+    t.start()
+    time.sleep(1.0)
+    assert t.is_alive() and not held  # waiting for the update to end, not failing
     engine.continue_generation()
+    t.join(timeout=60)
+    assert held["out"][0]["tokens"]  # answered once generation continued
     engine.set_weight_version("manual-1")
     assert engine.generate(input_ids=[[5, 6, 7]], sampling=GREEDY)[0]["meta_info"]["weight_version"] == "manual-1"
     engine.set_weight_version("default")
