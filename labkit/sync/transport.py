@@ -43,7 +43,10 @@ class PerTensor:
     def send(self, engine, b: Bucket, tensors: dict[str, torch.Tensor], flat=None) -> dict:
         t0 = time.perf_counter()
         for meta in b.tensors:
-            t = tensors[meta.name].detach().to("cpu", bk.torch_dtype(meta.dtype)).contiguous()
+            # A copy, always: handing a CPU tensor to an engine moves its storage into shared memory in place
+            # (torch's file_system sharing), which would race with the syncer hashing the same export tensor
+            # (a wrong expected checksum, seen under load) and put the trainer's own storage into /dev/shm.
+            t = tensors[meta.name].detach().to("cpu", bk.torch_dtype(meta.dtype), copy=True).contiguous()
             engine.update_weights_from_tensor([(meta.name, t)], flush_cache=False)
         return {"load": time.perf_counter() - t0}
 
