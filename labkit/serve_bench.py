@@ -83,13 +83,13 @@ class _Clients:
     def __init__(self, engine, prompts: list[list[int]], cfg: ServeBenchConfig):
         self.engine, self.prompts, self.cfg = engine.portable(call_timeout_s=cfg.timeout_s), prompts, cfg
         self.go, self.stop, self.lock = threading.Event(), threading.Event(), threading.Lock()
-        self.rows, self.in_flight, self.sent = [], 0, 0
+        self.rows, self.in_flight, self.sent, self.quota = [], 0, 0, 0
         self.deadline = time.monotonic() + cfg.max_seconds
         self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(cfg.clients)]
 
     def _take(self) -> int | None:
         with self.lock:
-            if self.stop.is_set() or self.sent >= self.cfg.max_requests or time.monotonic() > self.deadline:
+            if self.stop.is_set() or self.sent >= self.quota or time.monotonic() > self.deadline:
                 return None
             self.sent += 1
             self.in_flight += 1
@@ -102,7 +102,10 @@ class _Clients:
                 continue
             i = self._take()
             if i is None:
-                return
+                if self.stop.is_set() or time.monotonic() > self.deadline:
+                    return
+                time.sleep(0.02)  # this sync's share is spent: wait for the next one
+                continue
             p, t0, row = i % len(self.prompts), time.monotonic(), None
             try:
                 out = self.engine.generate(input_ids=[self.prompts[i % len(self.prompts)]], sampling=sampling)[0]
@@ -113,6 +116,20 @@ class _Clients:
             with self.lock:
                 self.rows.append(row)
                 self.in_flight -= 1
+
+    def open(self, n: int) -> None:
+        """Let `n` more requests go (one sync's share of max_requests)."""
+        with self.lock:
+            self.quota = self.sent + n
+        self.go.set()
+
+    def wait_in_flight(self) -> bool:
+        """Bounded wait until a request is in flight, so the sync that follows overlaps one by construction
+        (CI once saw a run where the stream's whole budget was spent before the sync started)."""
+        end = time.monotonic() + self.cfg.timeout_s
+        while not self.in_flight and time.monotonic() < end:
+            time.sleep(0.005)
+        return self.in_flight > 0
 
     def drain(self) -> None:
         """Stop sending; wait (bounded) until no request is in flight."""
@@ -166,9 +183,9 @@ def run_mode(wb, guard, spec, mode: str, prompts, refs: dict, cfg: ServeBenchCon
         t.start()
     try:
         for k in range(cfg.syncs):
-            clients.go.set()
-            wb.train(1, batch_size=8, progress=False)  # under load too
-            time.sleep(0.2)  # the stream is running when the sync starts
+            wb.train(1, batch_size=8, progress=False)
+            clients.open(max(1, cfg.max_requests // cfg.syncs))
+            clients.wait_in_flight()  # the stream is running when the sync starts
             n_pauses, t0 = len(wb.engine.pauses), time.monotonic()
             try:
                 guard.sync(wb.trainer, scfg, spec, f"{mode}-{k + 1}")
