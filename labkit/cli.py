@@ -27,7 +27,7 @@ def cmd_doctor(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from labkit import demo
+    from labkit.workbench import demo
 
     m = demo.run(workdir=args.workdir, steps=args.steps, tp=args.tp, pp=args.pp, model_dir=args.model)
     code, failed = demo.verdict(m)
@@ -57,7 +57,8 @@ def cmd_sync(args) -> int:
 
 
 def cmd_pretrain(args) -> int:
-    from labkit.models.pretrain import DEFAULT_DIR, pretrain
+    from labkit.models.tiny import DEFAULT_DIR
+    from labkit.workbench.pretrain import pretrain
 
     _emit(pretrain(args.out or DEFAULT_DIR, steps=args.steps, noise=args.noise, post_steps=args.post_steps,
                    progress=not args.json), args.json)
@@ -65,7 +66,7 @@ def cmd_pretrain(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from labkit.sync import bench
+    from labkit.workbench import sync_bench as bench
 
     if args.what == "serve-sync":
         return cmd_serve_sync(args)
@@ -79,7 +80,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_serve_sync(args) -> int:
-    from labkit import serve_bench as sb
+    from labkit.workbench import serve_sync as sb
 
     # Validate every flag before anything starts (ServeBenchConfig names the bad value).
     default = ("abort",) if args.backend == "actor" else sb.MODES  # the actor answers one call at a time
@@ -92,7 +93,7 @@ def cmd_serve_sync(args) -> int:
 
 
 def cmd_tune(args) -> int:
-    from labkit.sync import bench
+    from labkit.workbench import sync_bench as bench
 
     spec = bench.QUICK_SPEC if args.quick else bench.BENCH_SPEC
     out = bench.tune(spec, transport=args.transport, lo_mb=args.lo_mb, hi_mb=args.hi_mb,
@@ -118,13 +119,13 @@ def cmd_mtp_experiment(args) -> int:
 
 
 def cmd_faults(args) -> int:
-    from labkit import faults
+    from labkit.workbench import faults
 
     # Validate every flag before anything starts (FaultsConfig names the bad value).
     default = faults.FaultsConfig()
     trials = args.trials if args.trials is not None else (len(faults.QUICK_KINDS) if args.quick else default.trials)
     cfg = faults.FaultsConfig(trials=trials, seed=args.seed, quick=args.quick)
-    from labkit import fault_harness
+    from labkit.workbench import fault_harness
 
     out = fault_harness.run(cfg)
     if not args.rows:
@@ -136,7 +137,7 @@ def cmd_faults(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from labkit import report
+    from labkit.workbench import report
 
     stale = report.update(check=args.check)
     print(f"README tables {'stale' if args.check else 'rebuilt'}: {', '.join(stale) or 'none'}")
@@ -273,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["notebook"]:  # its own parser: run/sweep/list/check with repeated -p KEY VALUE
-        from labkit import notebook
+        from labkit.workbench import notebook
 
         return notebook.main(argv[1:])
     args = build_parser().parse_args(argv)

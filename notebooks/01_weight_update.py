@@ -16,7 +16,7 @@
 # Headless: `labkit notebook run 01_weight_update -p TRANSPORT distributed -p BUCKET_MB 0.25`.
 
 # %%
-from labkit import nb
+from labkit.workbench import nb
 
 nb.env_report();
 
@@ -35,7 +35,7 @@ nb.check_params(globals(), {
     "BASELINE": nb.Bool(), "INTERACTIVE": nb.Bool()});
 
 # %%
-from labkit import viz
+from labkit.workbench import viz
 from labkit.sync import SyncConfig
 from labkit.workbench import Workbench
 
@@ -66,7 +66,7 @@ nb.show(viz.sync_phases([x for x in (baseline, m) if x]), name="sync_phases", in
 
 # %%
 if INTERACTIVE:
-    from labkit.widgets import sync_explorer
+    from labkit.workbench.widgets import sync_explorer
 
     explorer = sync_explorer(wb, value_mb=BUCKET_MB)
 

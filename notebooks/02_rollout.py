@@ -15,7 +15,7 @@
 # engine's numbers are stale: what an RL loss would see off-policy), and on the new rollouts after the sync.
 
 # %%
-from labkit import nb
+from labkit.workbench import nb
 
 nb.env_report();
 
@@ -38,8 +38,8 @@ nb.check_params(globals(), {
 # %%
 import pandas as pd
 
-from labkit import experiments as ex
-from labkit import viz
+from labkit.workbench import experiments as ex
+from labkit.workbench import viz
 from labkit.sync import SyncConfig
 from labkit.workbench import Workbench
 

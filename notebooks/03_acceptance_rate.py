@@ -22,7 +22,7 @@
 # On a GPU, SGLang's speculative engine reports the same counters (`labkit.mtp.acceptance.parse_sglang_meta`).
 
 # %%
-from labkit import nb
+from labkit.workbench import nb
 
 nb.env_report();
 
@@ -51,7 +51,7 @@ nb.check_params(globals(), {
 # verify, rejection sampling at `TEMPERATURE`, counters as SGLang names them.
 
 # %%
-from labkit import viz
+from labkit.workbench import viz
 from labkit.mtp import experiment
 
 spec = experiment.speculate(k=SPEC_K, temperature=TEMPERATURE, prompts=16 if QUICK else EVAL_PROMPTS, seed=SEED)

@@ -17,10 +17,10 @@
 # The tuned quantity is the **weight-moving time** (`timing/sync/weight_moving`): a sync's wall time minus
 # verification, one-off setup (plan, buffers) and the session's fixed calls (begin/end, cache flush, version
 # tag), which do not depend on the bucket size. `labkit tune` measures it with the same function
-# (`labkit.sync.bench.sync_measure`), so the notebook and the command pick the same size for the same model.
+# (`labkit.workbench.sync_bench.sync_measure`), so the notebook and the command pick the same size for the same model.
 
 # %%
-from labkit import nb
+from labkit.workbench import nb
 
 nb.env_report();
 
@@ -44,8 +44,8 @@ if MIN_MB > MAX_MB:
     raise ValueError(f"MIN_MB={MIN_MB!r} is invalid: expected <= MAX_MB={MAX_MB!r}")
 
 # %%
-from labkit import experiments as ex
-from labkit import viz
+from labkit.workbench import experiments as ex
+from labkit.workbench import viz
 from labkit.sync import SyncConfig, tune
 from labkit.workbench import Workbench
 
@@ -86,7 +86,7 @@ nb.record(final)
 
 # %%
 if INTERACTIVE:
-    from labkit.widgets import sync_explorer
+    from labkit.workbench.widgets import sync_explorer
 
     explorer = sync_explorer(wb, transports=("colocated", "distributed", "per-tensor"),
                              sizes_mb=[s / MB for s in sizes], value_mb=best["best_bucket_bytes"] / MB)

@@ -13,6 +13,14 @@ from pathlib import Path
 from labkit.config import ModelSpec
 from labkit.models.tokenizer import BOS, EOS, PAD, VOCAB, save_char_tokenizer
 
+DEFAULT_DIR = Path(__file__).resolve().parents[2] / "data" / "tiny-mimo"
+
+
+def default_model_dir() -> str:
+    """The pretrained tiny MiMo every default run uses (`labkit pretrain` writes it; it ships in data/)."""
+    return str(DEFAULT_DIR)
+
+
 VOCAB_SIZE = 128  # len(VOCAB) padded so TP=2 splits the embedding evenly
 
 # Shipped beside config.json so transformers/SGLang resolve `model_type: mimo` (as MiMo's own repo does).

@@ -72,7 +72,7 @@ def speculate(model_dir: str | None = None, *, k: int = 2, temperature: float = 
     from labkit.mtp.acceptance import expected_accept_length
     from labkit.mtp.speculative import Speculator
     from labkit.tasks import arith
-    from labkit.workbench import default_model_dir
+    from labkit.models.tiny import default_model_dir
 
     model_dir = model_dir or default_model_dir()
     ids = [encode(p.prompt) for p in arith.problems(prompts, seed=999_983 + seed)]
@@ -162,7 +162,7 @@ def run(cfg: ExperimentConfig | None = None, *, quick: bool = False, model_dir: 
     from labkit.cluster.placement import Placement, layout
     from labkit.engine import EngineConfig, EngineHandle
     from labkit.models.hf import read_config_json
-    from labkit.workbench import default_model_dir
+    from labkit.models.tiny import default_model_dir
 
     cfg = cfg or (ExperimentConfig.quick() if quick else ExperimentConfig())
     model_dir = model_dir or default_model_dir()

@@ -27,7 +27,7 @@ class SyncConfig:
     deadline_s: float = 600.0  # the whole sync (atomic): a trainer still busy then is killed, the engine restored
     stage_dir: str | None = None  # write a host copy of what is sent here (set by sync.atomic)
     unsafe_skip_verify: bool = False  # let the atomic guard serve (and keep as rollback) verify="none" weights
-    pause_mode: str = "abort"  # atomic syncs: SGLang's pause mode (abort, retract, in_place; labkit.serve_bench)
+    pause_mode: str = "abort"  # atomic syncs: SGLang's pause mode (abort, retract, in_place; labkit.workbench.serve_sync)
 
     def __post_init__(self) -> None:
         check(self.transport in TRANSPORTS, "transport", self.transport, f"one of {', '.join(TRANSPORTS)}")

@@ -52,7 +52,7 @@ def test_speculative_loop_on_cuda_greedy_equals_target_and_reports_tokens_per_s(
     from labkit.models.tokenizer import encode
     from labkit.mtp.speculative import Speculator
     from labkit.tasks import arith
-    from labkit.workbench import default_model_dir
+    from labkit.models.tiny import default_model_dir
 
     prompts = [encode(p.prompt) for p in arith.problems(256, seed=3)]
     sp = Speculator(default_model_dir(), device="cuda")
@@ -79,7 +79,7 @@ def test_sglang_mtp_draft_engine_reports_spec_counters():
     from labkit.models.tokenizer import encode
     from labkit.mtp.acceptance import parse_sglang_meta
     from labkit.tasks import arith
-    from labkit.workbench import default_model_dir
+    from labkit.models.tiny import default_model_dir
 
     ids = [encode(p.prompt) for p in arith.problems(256, seed=3)]
     sampling = {"temperature": 0.0, "max_new_tokens": 8}

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from labkit.config import ParallelSpec, TrainConfig
-from labkit.faults import QUICK_KINDS
+from labkit.workbench.faults import QUICK_KINDS
 from tests.integration.conftest import restore_model_dir
 from labkit.sync import SyncConfig, engine_spec
 from labkit import failpoints as fp

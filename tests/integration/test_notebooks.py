@@ -1,5 +1,5 @@
 """Every notebook executes headless (papermill, a fresh kernel each) with quick parameters; the tests read the
-metrics the notebook recorded through labkit.nb.record, never cell text. Bad parameters fail at the
+metrics the notebook recorded through labkit.workbench.nb.record, never cell text. Bad parameters fail at the
 validation cell, before anything heavy starts, with a message that names the parameter.
 
 Each notebook starts its own Ray + Megatron trainer + SGLang engine (~60-90 s on 2 cores), so the quick
@@ -11,7 +11,7 @@ import json
 import nbformat
 import pytest
 
-from labkit import notebook
+from labkit.workbench import notebook
 
 pytestmark = pytest.mark.integration
 

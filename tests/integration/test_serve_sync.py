@@ -1,9 +1,9 @@
-"""Atomic syncs while an SGLang HTTP server serves a steady stream of greedy requests (labkit.serve_bench):
+"""Atomic syncs while an SGLang HTTP server serves a steady stream of greedy requests (labkit.workbench.serve_sync):
 no response mixes weight versions, none fails, and requests really were in flight during the syncs."""
 
 import pytest
 
-from labkit import serve_bench as sb
+from labkit.workbench import serve_sync as sb
 
 pytestmark = pytest.mark.integration
 

@@ -117,7 +117,7 @@ def test_engine_serves_the_new_weights_not_stale_prefix_cache(trainer, engine):
     """Log-probs after a sync equal the trainer's, also for prompts whose prefix the engine cached before it."""
     from types import SimpleNamespace
 
-    from labkit.experiments import logprob_agreement, rollout
+    from labkit.workbench.experiments import logprob_agreement, rollout
 
     wb = SimpleNamespace(trainer=trainer, engine=engine)
     rollout(wb, n=6, seed=3)  # fills the prefix cache under the old weights

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from labkit import demo
+from labkit.workbench import demo
 
 GOOD = {"export/logits_max_abs_diff": 3e-6, "export/mtp_logits_max_abs_diff": 2e-5, "per_tensor/sync/verified": True,
         "sync/verified": True, "rollout/greedy_match": True, "rollout/greedy_match_frac": 1.0, "demo/dtype": "float32"}

@@ -2,7 +2,7 @@
 
 import json
 
-from labkit import report
+from labkit.workbench import report
 
 
 def test_readme_tables_match_the_stored_runs():

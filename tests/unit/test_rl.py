@@ -102,7 +102,7 @@ def test_rollout_kl_never_reports_a_gap_it_did_not_measure():
 def test_logprob_agreement_refuses_rows_without_engine_logprobs():
     from types import SimpleNamespace
 
-    from labkit.experiments import logprob_agreement
+    from labkit.workbench.experiments import logprob_agreement
 
     logits, rows = _logprob_rows()
     calls = []

@@ -8,7 +8,7 @@ from labkit.models.tokenizer import EOS, encode
 from labkit.mtp.acceptance import parse_sglang_meta
 from labkit.mtp.speculative import Speculator, verify_greedy, verify_sampled
 from labkit.tasks import arith
-from labkit.workbench import default_model_dir
+from labkit.models.tiny import default_model_dir
 
 PROMPTS = [encode(p.prompt) for p in arith.problems(48, seed=3)]
 

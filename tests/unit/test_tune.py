@@ -53,8 +53,8 @@ def test_notebook_04_and_labkit_tune_minimise_the_same_weight_moving_time(monkey
     """Issue 16: notebook 04 tuned `timing/sync/total` while `labkit tune` tuned the weight-moving seconds."""
     import contextlib
 
-    from labkit import experiments as ex
-    from labkit.sync import bench
+    from labkit.workbench import experiments as ex
+    from labkit.workbench import sync_bench as bench
 
     assert ex.sync_measure is bench.sync_measure  # one function, so one quantity
     wb = _ScriptedSyncs()

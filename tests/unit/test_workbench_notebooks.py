@@ -9,7 +9,7 @@ import shutil
 import nbformat
 import pytest
 
-from labkit import nb, notebook, viz
+from labkit.workbench import nb, notebook, viz
 
 NAMES = notebook.names()
 
@@ -158,7 +158,7 @@ def test_run_cli_json_last_line(tmp_path, monkeypatch, capsys):
 
 
 def test_sync_explorer_runs_only_on_the_button():
-    from labkit.widgets import sync_explorer
+    from labkit.workbench.widgets import sync_explorer
 
     class FakeWorkbench:
         calls = []

@@ -3,12 +3,12 @@
 rollout: engine generations on the arithmetic task, scored with `arith.reward`.
 logprob_agreement: the engine's per-token log-probs vs the trainer's own forward on the same tokens.
 sync_measure: a `measure(bucket_bytes)` callable for `labkit.sync.tune` built from real `wb.sync` calls; it is
-`labkit.sync.bench.sync_measure`, the one `labkit tune` uses, so both tune the same quantity (weight-moving time).
+`labkit.workbench.sync_bench.sync_measure`, the one `labkit tune` uses, so both tune the same quantity (weight-moving time).
 """
 
 from __future__ import annotations
 
-from labkit.sync.bench import TUNED_KEY, sync_measure  # noqa: F401  (notebook 04 calls ex.sync_measure)
+from labkit.workbench.sync_bench import TUNED_KEY, sync_measure  # noqa: F401  (notebook 04 calls ex.sync_measure)
 
 
 def rollout(wb, n: int = 8, seed: int = 0, temperature: float = 0.0, max_new_tokens: int = 6) -> dict:

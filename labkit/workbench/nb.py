@@ -1,7 +1,7 @@
 """The few helpers every notebook uses: record metrics, report the environment, validate parameters, show figures.
 
 Notebooks record numbers through `record` only, so tests and sweeps read a JSON file instead of cell text.
-`labkit.notebook.run` points `LABKIT_METRICS` (the JSON file) and `LABKIT_OUT` (figures) into its run folder;
+`labkit.workbench.notebook.run` points `LABKIT_METRICS` (the JSON file) and `LABKIT_OUT` (figures) into its run folder;
 in an interactive session both are unset and metrics stay in memory.
 """
 
@@ -182,7 +182,7 @@ def show(fig, name: str | None = None, interactive: bool = False) -> None:
 
     out = os.environ.get("LABKIT_OUT")
     if name and out:
-        from labkit import viz
+        from labkit.workbench import viz
 
         viz.save(fig, Path(out) / name)
     shown = fig

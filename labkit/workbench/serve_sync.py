@@ -226,7 +226,7 @@ def run(cfg: ServeBenchConfig | None = None, model_dir: str | None = None, progr
 
     from labkit.config import TrainConfig
     from labkit.engine import EngineConfig, EngineHandle
-    from labkit.faults import SPEC
+    from labkit.workbench.faults import SPEC
     from labkit.models.tiny import make_tiny_mimo
     from labkit.models.tokenizer import encode
     from labkit.sync import SyncConfig, engine_spec

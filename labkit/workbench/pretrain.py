@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from labkit.config import ModelSpec, ParallelSpec, TrainConfig
+from labkit.models.tiny import DEFAULT_DIR
 
-DEFAULT_DIR = Path(__file__).resolve().parents[2] / "data" / "tiny-mimo"
 
 
 def lm_batch(problems, answer_only: bool = True):

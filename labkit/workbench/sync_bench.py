@@ -55,7 +55,7 @@ def sync_measure(wb, transport: str = "colocated", repeats: int = 2, warmup: boo
                  memory_budget_mb: float | None = None, keep: list | None = None):
     """`measure(bucket_bytes) -> {"seconds", "metric", "peak_extra_bytes"}` for `labkit.sync.tune`, from real syncs.
 
-    The one measure both tuners use (`labkit tune` and notebook 04 through `labkit.experiments`): two tuners
+    The one measure both tuners use (`labkit tune` and notebook 04 through `labkit.workbench.experiments`): two tuners
     reading different quantities pick different sizes for the same model. "seconds" is the best of `repeats`
     syncs' weight-moving time (`TUNED_KEY`, added to each sync's metrics), without verification and without the
     atomic guard (its host copy and checksums are not the transport). The first sync at a new size re-plans and

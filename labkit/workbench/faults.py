@@ -6,7 +6,7 @@ atomic sync (labkit.sync.atomic) and then checks, before anything else talks to 
 exactly old or new (`half_updated` counts engines that serve neither), that its weight_version names what it
 serves, what it served while the sync was held mid-way, whether the fault had really changed the engine's
 weights before they were restored, and that a clean sync right after lands verified. The harness
-(labkit.fault_harness, which also has `run`) restarts whatever a fault killed; this module plans trials and
+(labkit.workbench.fault_harness, which also has `run`) restarts whatever a fault killed; this module plans trials and
 sums them up (pure).
 
 Kinds, and where each one hits:

@@ -19,7 +19,7 @@ def sync_explorer(wb, transports=("colocated", "distributed", "per-tensor"),
     import ipywidgets as W
     from IPython.display import display
 
-    from labkit import viz
+    from labkit.workbench import viz
     from labkit.sync.config import SyncConfig
 
     sizes = sorted(sizes_mb)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # plotly is imported lazily: `import labkit.viz` stays cheap
+if TYPE_CHECKING:  # plotly is imported lazily: `import labkit.workbench.viz` stays cheap
     import plotly.graph_objects as go
 
 MB = 1 << 20

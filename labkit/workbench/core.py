@@ -14,13 +14,8 @@ import time
 from dataclasses import replace
 
 from labkit.config import ParallelSpec, TrainConfig
+from labkit.models.tiny import default_model_dir
 from labkit.sync.config import SyncConfig
-
-
-def default_model_dir() -> str:
-    from labkit.models.pretrain import DEFAULT_DIR
-
-    return str(DEFAULT_DIR)
 
 
 def train(trainer, steps: int, batch_size: int = 16, seed: int = 0, progress: bool = True) -> list[dict]:

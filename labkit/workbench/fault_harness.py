@@ -1,4 +1,4 @@
-"""The harness behind `labkit faults` (`run`; the kinds, plan and summary are in labkit.faults): one Workbench,
+"""The harness behind `labkit faults` (`run`; the kinds, plan and summary are in labkit.workbench.faults): one Workbench,
 one trial at a time.
 
 A trial arms one fault (a trainer-side failpoint through Ray's `__ray_call__`, an engine-side one in the
@@ -18,7 +18,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from labkit.faults import KINDS, QUICK_KINDS, SPEC, FaultsConfig, Trial, plan_trials, summarize
+from labkit.workbench.faults import KINDS, QUICK_KINDS, SPEC, FaultsConfig, Trial, plan_trials, summarize
 
 PROBE_S = 2.0  # a generate that answers this fast while the sync is held mid-way was served mid-sync
 

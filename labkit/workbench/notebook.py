@@ -4,7 +4,7 @@
     labkit notebook sweep NAME -p KEY v1,v2,... [--json]     -> runs/<UTC time>-NAME-sweep-KEY/ + summary.csv/.html
     labkit notebook list | check
 
-A run folder holds the executed notebook, metrics.json (everything the notebook passed to labkit.nb.record)
+A run folder holds the executed notebook, metrics.json (everything the notebook passed to labkit.workbench.nb.record)
 and the figures it showed (HTML, PNG when kaleido can render). With --json the last stdout line is one object.
 """
 
@@ -22,7 +22,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 SUMMARY_KEYS = ("timing/sync/total", "sync/gbps", "sync/peak_extra_bytes", "rollout/reward_after",
                 "rollout/logprob_max_abs_diff_synced", "mtp/final_accept_rate_trained", "tune/best_seconds")
 
@@ -147,7 +147,7 @@ def sweep(name: str, key: str, values: list, params: dict | None = None, out_roo
 
     A failing run becomes a row with its error; the sweep goes on. Returns rows, paths and the failure count.
     """
-    from labkit import viz
+    from labkit.workbench import viz
 
     src = resolve(name)
     root = _new_dir(Path(out_root), f"{src.stem}-sweep-{_slug(key)}")
