@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from labkit.config import check
+from labkit.engine.contract import Contract
 from labkit.sync.config import SyncConfig
 
 __all__ = ["SyncConfig", "sync", "engine_spec"]
 
 
 def engine_spec(model_dir: str, dtype: str = "auto") -> dict:
-    """What the engine's model expects: HF names/shapes from its checkpoint headers, and its serving dtype."""
-    from labkit.models.hf import checkpoint_tensors
-
-    if dtype == "auto":
-        dtype = json.loads((Path(model_dir) / "config.json").read_text()).get("torch_dtype", "bfloat16")
-    return {"tensors": {n: (shape, dtype) for n, (shape, _) in checkpoint_tensors(model_dir).items()}, "dtype": dtype}
+    """What the engine's model expects (labkit.engine.contract.Contract, as a plain dict): {"tensors": {HF name:
+    (shape, dtype)}, "dtype": its serving dtype}."""
+    return Contract.from_model_dir(model_dir, dtype).spec()
 
 
 def sync(trainer, engine, cfg: SyncConfig | None = None, weight_version: str | None = None,

@@ -2,8 +2,9 @@
 
 A plan is computed once and replayed every sync (the tensor list of a policy never changes between steps).
 Rules, each one a failure someone shipped:
-- groups of names that the engine fuses on load (q/k/v -> qkv_proj, gate/up -> gate_up_proj) never split
-  across buckets: a half-landed group leaves the engine with dummy weights (train-vs-rollout KL ~1.5);
+- groups of names that the engine fuses on load (labkit.engine.contract: q/k/v -> qkv_proj, gate/up ->
+  gate_up_proj) never split across buckets: a half-landed group leaves the engine with dummy weights
+  (train-vs-rollout KL ~1.5);
 - a tensor or group larger than a bucket travels alone, and counts in the memory figure;
 - duplicate names are dropped (PP>1 + MTP re-exports the shared embedding);
 - inside a bucket, tensors are ordered by decreasing item size so every byte offset is aligned for its
@@ -13,9 +14,10 @@ Rules, each one a failure someone shipped:
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
+
+from labkit.engine.contract import check_tensors, fused_group
 
 ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
             "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
@@ -87,23 +89,6 @@ class Plan:
                  for i in range(len(b) - 1)]
         return max(pairs + [self.largest_bucket_bytes])
 
-    def summary(self) -> dict:
-        return {"plan/num_buckets": len(self.buckets), "plan/bucket_bytes": self.bucket_bytes,
-                "plan/total_bytes": self.total_bytes, "plan/num_tensors": len(self.tensors),
-                "plan/largest_tensor_bytes": self.largest_tensor_bytes,
-                "plan/oversize_buckets": sum(b.oversize for b in self.buckets),
-                "plan/peak_extra_bytes": self.peak_extra_bytes}
-
-
-_FUSED = re.compile(r"^(?P<prefix>.*)\.(?P<part>q_proj|k_proj|v_proj|gate_proj|up_proj)\.(?P<kind>weight|bias)$")
-_FUSED_KEY = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up"}
-
-
-def fused_group(name: str) -> str:
-    """The engine-side fused parameter a HF tensor loads into (qkv_proj, gate_up_proj), else the name itself."""
-    m = _FUSED.match(name)
-    return f"{m['prefix']}.{_FUSED_KEY[m['part']]}.{m['kind']}" if m else name
-
 
 def check_bucket_bytes(bucket_bytes: object, budget_bytes: int | None = None) -> int:
     if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int):
@@ -156,24 +141,6 @@ def plan_buckets(tensors: Iterable[TensorMeta], bucket_bytes: int,
     return Plan(bucket_bytes, tuple(buckets), tuple(dropped))
 
 
-def validate(plan: Plan, engine: dict[str, tuple[tuple[int, ...], str]]) -> None:
-    """Check names, shapes and dtypes against what the engine expects, before the first byte moves."""
-    problems = []
-    for t in plan.tensors:
-        if t.name not in engine:
-            problems.append(f"{t.name}: not a weight of the engine's model")
-            continue
-        shape, dtype = engine[t.name]
-        if tuple(shape) != t.shape:
-            problems.append(f"{t.name}: shape {t.shape} != engine {tuple(shape)}")
-        if dtype != t.dtype:
-            problems.append(f"{t.name}: dtype {t.dtype} != engine {dtype}")
-    if problems:
-        more = f" (+{len(problems) - 10} more)" if len(problems) > 10 else ""
-        raise ValueError("sync plan does not match the engine's model: " + "; ".join(problems[:10]) + more)
-
-
-
 def excluding(named: Iterable, exclude: tuple[str, ...], excluded: list[str]):
     """(name, tensor) pairs minus names containing any of `exclude` (those are appended to `excluded`)."""
     for name, t in named:
@@ -185,8 +152,9 @@ def excluding(named: Iterable, exclude: tuple[str, ...], excluded: list[str]):
 
 def check_coverage(plan: Plan, engine: dict | None, exclude: tuple[str, ...] = (),
                    n_excluded: int = 0) -> list[str] | None:
-    """Refuse a sync that sends nothing, or that leaves an engine tensor out without the caller naming it
-    (`exclude`): only sent tensors are verified, so either would "verify" while serving stale weights.
+    """Refuse a sync that sends nothing, that does not match the engine's model (`engine`: {name: (shape,
+    dtype)}, the contract's names, shapes and dtypes), or that leaves an engine tensor out without the caller
+    naming it (`exclude`): only sent tensors are verified, so either would "verify" while serving stale weights.
     Returns the engine tensors left unchanged on purpose (None without the engine's tensor list)."""
     if not plan.tensors:
         why = (f"exclude={exclude!r} matched all {n_excluded} tensors of the trainer's export" if n_excluded
@@ -194,7 +162,7 @@ def check_coverage(plan: Plan, engine: dict | None, exclude: tuple[str, ...] = (
         raise ValueError(f"empty sync refused: {why}; nothing would be sent or verified")
     if engine is None:
         return None
-    validate(plan, engine)
+    check_tensors(engine, ((t.name, t.shape, t.dtype) for t in plan.tensors), "sync plan")
     sent = {t.name for t in plan.tensors}
     left = [n for n in engine if n not in sent]
     missing = [n for n in left if not any(x in n for x in exclude)]

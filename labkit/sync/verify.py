@@ -1,21 +1,19 @@
 """Bitwise verification of a sync: per-tensor checksums, trainer side vs engine side.
 
 The engine hashes its own parameters (SGLang's weight checker: sha256 of the raw bytes, first 8 bytes), in its
-own layout, where q/k/v live fused in `qkv_proj` and gate/up in `gate_up_proj`. The trainer side rebuilds
-that layout from the HF tensors it sent and hashes the same way, so only 16 hex characters per tensor cross
-the wire. `full=True` instead fetches every HF-named tensor back from the engine and compares element-wise.
+own layout, where q/k/v live fused in `qkv_proj` and gate/up in `gate_up_proj` (labkit.engine.contract's fused
+groups). The trainer side rebuilds that layout from the HF tensors it sent and hashes the same way, so only 16
+hex characters per tensor cross the wire. `full=True` instead fetches every HF-named tensor back from the
+engine and compares element-wise.
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
 
 import torch
 
-_PARTS = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
-_NAME = re.compile(r"^(?P<prefix>.*)\.(?P<part>q_proj|k_proj|v_proj|gate_proj|up_proj)\.(?P<kind>weight|bias)$")
+from labkit.engine.contract import fused_part
 
 
 def tensor_checksum(t: torch.Tensor) -> str:
@@ -34,12 +32,12 @@ def engine_layout(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     fused: dict[str, list] = {}
     out = {}
     for name, t in named.items():
-        m = _NAME.match(name)
-        if not m:
+        part = fused_part(name)
+        if part is None:
             out[name] = t
             continue
-        target, idx = _PARTS[m["part"]]
-        fused.setdefault(f"{m['prefix']}.{target}.{m['kind']}", []).append((idx, t))
+        key, idx, _ = part
+        fused.setdefault(key, []).append((idx, t))
     for name, parts in fused.items():
         out[name] = torch.cat([t for _, t in sorted(parts, key=lambda p: p[0])], dim=0)
     return out
@@ -47,9 +45,6 @@ def engine_layout(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def expected_checksums(named: dict[str, torch.Tensor]) -> dict[str, str]:
     return {n: tensor_checksum(t) for n, t in engine_layout(named).items()}
-
-
-_GROUP_SIZE = {"qkv_proj": 3, "gate_up_proj": 2}
 
 
 class Expected:
@@ -63,15 +58,14 @@ class Expected:
 
     def add(self, named: dict[str, torch.Tensor]) -> None:
         for name, t in named.items():
-            m = _NAME.match(name)
-            if not m:
+            part = fused_part(name)
+            if part is None:
                 self.checksums[name] = tensor_checksum(t)
                 continue
-            target, idx = _PARTS[m["part"]]
-            key = f"{m['prefix']}.{target}.{m['kind']}"
+            key, idx, size = part
             parts = self._parts.setdefault(key, {})
             parts[idx] = t
-            if len(parts) == _GROUP_SIZE[target]:
+            if len(parts) == size:
                 self.checksums[key] = tensor_checksum(torch.cat([parts[i] for i in sorted(parts)], dim=0))
                 del self._parts[key]
             else:

@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from labkit.sync.plan import ITEMSIZE, TensorMeta, fused_group, plan_buckets, validate
+from labkit.sync.plan import ITEMSIZE, TensorMeta, check_coverage, fused_group, plan_buckets
 
 
 def _random_model(rng: random.Random, n_layers: int) -> list[TensorMeta]:
@@ -56,10 +56,10 @@ def test_plan_is_replayable_and_validated_against_engine():
     metas = [TensorMeta("w", (4, 4), "float32"), TensorMeta("b", (4,), "bfloat16")]
     a, b = plan_buckets(metas, 64), plan_buckets(metas, 64)
     assert a == b
-    validate(a, {"w": ((4, 4), "float32"), "b": ((4,), "bfloat16")})
-    with pytest.raises(ValueError, match=r"w: shape \(4, 4\) != engine \(4, 5\)"):
-        validate(a, {"w": ((4, 5), "float32"), "b": ((4,), "bfloat16")})
-    with pytest.raises(ValueError, match="b: not a weight"):
-        validate(a, {"w": ((4, 4), "float32")})
+    check_coverage(a, {"w": ((4, 4), "float32"), "b": ((4,), "bfloat16")})
+    with pytest.raises(ValueError, match=r"'w': shape \(4, 4\) != engine \(4, 5\)"):
+        check_coverage(a, {"w": ((4, 5), "float32"), "b": ((4,), "bfloat16")})
+    with pytest.raises(ValueError, match="'b': not a weight"):
+        check_coverage(a, {"w": ((4, 4), "float32")})
     with pytest.raises(ValueError, match="dtype 'float33'|dtype='float33'"):
         TensorMeta("x", (1,), "float33")

@@ -27,12 +27,10 @@ from sglang.srt.models.mimo import MiMoForCausalLM as _SGLangMiMo
 from torch import nn
 
 from labkit import failpoints as fp
+from labkit.engine.contract import fused_part
 
 logger = logging.getLogger(__name__)
 
-# HF shard name -> (fused SGLang name, shard index in the fused output dim)
-_STACKED = (("q_proj", "qkv_proj", 0), ("k_proj", "qkv_proj", 1), ("v_proj", "qkv_proj", 2),
-            ("gate_proj", "gate_up_proj", 0), ("up_proj", "gate_up_proj", 1))
 _MTP_NAME = re.compile(r"^model\.mtp_layers\.(\d+)\.(.+)$")
 # checkpoint leftovers SGLang's own loaders skip everywhere
 _IGNORED = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
@@ -117,11 +115,8 @@ class MiMoForCausalLM(_SGLangMiMo):
             raise ValueError(f"labkit MiMo: tensor {name!r} is not an MTP-layer weight this model holds "
                              f"(num_nextn_predict_layers={self.num_mtp_layers}; expected "
                              f"model.mtp_layers.{{i}}.<HF name>)")
-        target, idx = name, None
-        for hf, fused, shard in _STACKED:
-            if f".{hf}." in name:
-                target, idx = name.replace(f".{hf}.", f".{fused}."), shard
-                break
+        part = fused_part(name)  # HF shard -> (fused SGLang name, shard index in the fused output dim)
+        target, idx = (name, None) if part is None else part[:2]
         param = store.get(target)
         if param is None:
             raise ValueError(f"labkit MiMo: unknown MTP tensor {name!r}; the draft store holds "
@@ -144,16 +139,12 @@ class MiMoForCausalLM(_SGLangMiMo):
             if name == "lm_head.weight" and self.config.tie_word_embeddings:
                 name = "model.embed_tokens.weight"
             params = dict(self.named_parameters())
-            weight = None
-            for hf, fused, idx in _STACKED:
-                part = f".{hf}."
-                if part in name:
-                    fused_name = name.replace(part, f".{fused}.")
-                    module = self.get_submodule(fused_name.rsplit(".", 1)[0])
-                    sizes = _shard_sizes(module)
-                    weight = params[fused_name].data.narrow(0, sum(sizes[:idx]), sizes[idx])
-                    break
-            if weight is None:
+            part = fused_part(name)
+            if part is not None:
+                fused_name, idx, _ = part
+                sizes = _shard_sizes(self.get_submodule(fused_name.rsplit(".", 1)[0]))
+                weight = params[fused_name].data.narrow(0, sum(sizes[:idx]), sizes[idx])
+            else:
                 weight = params[name].data
                 owner = self.get_submodule(name.rsplit(".", 1)[0])
                 org = getattr(owner, "org_vocab_size", None)  # vocab-parallel tables are padded

@@ -1,0 +1,145 @@
+"""The engine contract: how HF tensor names land in the engine's parameters, and which tensors it accepts.
+
+Written down once, here, for everyone who needs it: the bucket planner (labkit.sync.plan), the verifier
+(labkit.sync.verify), the engine's model code (labkit.engine.sglang_models.mimo) and the engine handle.
+Two copies of these facts drift, and each drift was a silent failure:
+
+1. Fused groups (`FUSED`, `fused_part`, `fused_group`). SGLang loads some HF tensors into one fused parameter,
+   each HF tensor a block of rows at its shard index: q/k/v into `qkv_proj`, gate/up into `gate_up_proj`.
+   A group split across buckets leaves the engine with dummy weights between buckets (train-vs-rollout KL
+   ~1.5), and a verifier that hashes q, k and v apart has nothing on the engine to compare with. A model
+   family that fuses more adds rows to `FUSED`. MoE experts (SGLang's FusedMoE: `mlp.experts.{e}.gate_proj/
+   up_proj` -> `mlp.experts.w13_weight`, `down_proj` -> `w2_weight`, stacked over experts) need one more axis
+   (the expert index, and a group size from config.json's expert count); they are not rows yet.
+2. The expected tensors (`Contract`, `check_tensors`). SGLang's loaders look tensors up by name and copy in
+   place: an unknown name or a wrong shape fails inside the scheduler after part of a request has landed
+   (a fused loader's shape mismatch can take the scheduler down). So every sync plan (names, shapes, dtypes)
+   and every update call of the handle (names, shapes) is checked against the model dir's checkpoint headers
+   first, by one check with one message, and refused whole: nothing reaches the engine.
+
+Pure Python, no torch: the sync layer above and the engine's model code below both import it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterable, Mapping
+
+from labkit.engine.errors import EngineError
+from labkit.models.hf import checkpoint_tensors
+
+Shape = tuple[int, ...]
+CAP = 10  # problems named in one message; the rest are counted
+
+
+@dataclass(frozen=True, slots=True)
+class FusedRule:
+    """HF `<prefix>.<part>.<weight|bias>` is row block `index` (of `size` blocks, in index order) of the engine's
+    `<prefix>.<fused>.<weight|bias>`."""
+    part: str
+    fused: str
+    index: int
+    size: int
+
+
+FUSED: tuple[FusedRule, ...] = (
+    FusedRule("q_proj", "qkv_proj", 0, 3), FusedRule("k_proj", "qkv_proj", 1, 3),
+    FusedRule("v_proj", "qkv_proj", 2, 3),
+    FusedRule("gate_proj", "gate_up_proj", 0, 2), FusedRule("up_proj", "gate_up_proj", 1, 2),
+)
+_RULES = {r.part: r for r in FUSED}
+_NAME = re.compile(rf"^(?P<prefix>.*)\.(?P<part>{'|'.join(map(re.escape, _RULES))})\.(?P<kind>weight|bias)$")
+
+
+def fused_part(name: str) -> tuple[str, int, int] | None:
+    """(engine-side fused name, shard index, group size) for a HF tensor that loads into a fused parameter,
+    else None."""
+    m = _NAME.match(name)
+    if m is None:
+        return None
+    r = _RULES[m["part"]]
+    return f"{m['prefix']}.{r.fused}.{m['kind']}", r.index, r.size
+
+
+def fused_group(name: str) -> str:
+    """The engine-side parameter a HF tensor loads into (e.g. ...qkv_proj.weight), else the name itself."""
+    part = fused_part(name)
+    return name if part is None else part[0]
+
+
+class ContractMismatch(EngineError, ValueError):
+    """Tensors that do not fit the engine's model, refused before anything is sent (the engine keeps its
+    weights). An EngineError for the handle's callers, a ValueError (bad input) for the sync plan's."""
+
+
+def mismatches(expected: Mapping[str, tuple[Shape, str]], items: Iterable[tuple]) -> list[str]:
+    """One line per bad tensor. `items`: (name, shape) or (name, shape, dtype) tuples; a dtype of None (or
+    none given) is not checked."""
+    problems = []
+    for name, shape, *rest in items:
+        dtype = rest[0] if rest else None
+        if not isinstance(name, str):
+            problems.append(f"{name!r}: a tensor name must be a string")
+            continue
+        if name not in expected:
+            problems.append(f"{name!r}: not a weight of the engine's model")
+            continue
+        want_shape, want_dtype = expected[name]
+        if tuple(shape) != tuple(want_shape):
+            problems.append(f"{name!r}: shape {tuple(shape)} != engine {tuple(want_shape)}")
+        if dtype is not None and dtype != want_dtype:
+            problems.append(f"{name!r}: dtype {dtype} != engine {want_dtype}")
+    return problems
+
+
+def check_tensors(expected: Mapping[str, tuple[Shape, str]] | None, items: Iterable[tuple], what: str) -> None:
+    """The one check (sync plan and handle alike): raises ContractMismatch naming the bad tensors (at most
+    CAP, the rest counted). `expected` None: labkit cannot see the engine's model (a remote engine)."""
+    if expected is None:
+        return
+    problems = mismatches(expected, items)
+    if problems:
+        more = f" (+{len(problems) - CAP} more)" if len(problems) > CAP else ""
+        raise ContractMismatch(f"{what} does not match the engine's model, refused before sending (the engine "
+                               "keeps its weights): " + "; ".join(problems[:CAP]) + more)
+
+
+@dataclass(frozen=True)
+class Contract:
+    """What the engine's model accepts: {HF name: (shape, dtype)} and the dtype it serves in."""
+    tensors: dict[str, tuple[Shape, str]]
+    dtype: str
+
+    @classmethod
+    def from_model_dir(cls, model_dir: str | Path, dtype: str = "auto") -> Contract:
+        """Names and shapes from the checkpoint headers (the HF names SGLang's loader accepts); every tensor
+        expected in the serving dtype (`auto`: config.json's torch_dtype, as SGLang reads it)."""
+        if dtype == "auto":
+            dtype = json.loads((Path(model_dir) / "config.json").read_text()).get("torch_dtype", "bfloat16")
+        return cls({n: (tuple(shape), dtype) for n, (shape, _) in checkpoint_tensors(model_dir).items()}, dtype)
+
+    @classmethod
+    def find(cls, model_dir: str) -> Contract | None:
+        """The contract of a local model dir, cached until its weights change; None when labkit cannot see
+        the checkpoint (a remote engine, model_dir "<remote>")."""
+        d = Path(model_dir)
+        files = sorted(d.glob("*.safetensors")) if d.is_dir() else []
+        if not files:
+            return None
+        return _cached(str(d.resolve()), max(f.stat().st_mtime for f in files))
+
+    def check(self, items: Iterable[tuple], what: str) -> None:
+        check_tensors(self.tensors, items, what)
+
+    def spec(self) -> dict:
+        """The plain, picklable form the sync layer passes around: {"tensors": {...}, "dtype": ...} (a copy)."""
+        return {"tensors": dict(self.tensors), "dtype": self.dtype}
+
+
+@lru_cache(maxsize=8)
+def _cached(model_dir: str, mtime: float) -> Contract:
+    return Contract.from_model_dir(model_dir)
