@@ -1,20 +1,24 @@
 """One engine interface over two backends: a Ray actor holding `sglang.Engine`, or an SGLang HTTP server.
 
-The handle owns everything both backends share: failing early on a model dir SGLang cannot load, refusing
-calls that would crash a CPU engine, turning SGLang's (success=False, message) into EngineError, the
-shape of generate's results, and bounded waits.
+The handle owns everything both backends (labkit.engine.backend.EngineBackend) share: refusing calls that
+would crash a CPU engine, refusing updates that do not fit the model (labkit.engine.contract) before they are
+sent, turning SGLang's (success=False, message) into EngineError, the shape of generate's results, holding
+requests while generation is paused, and bounded waits. Starting the backends: labkit.engine.lifecycle.
 """
 
 from __future__ import annotations
 
 import collections
-import json
 import time
-from pathlib import Path
 
+from labkit.engine import lifecycle
+from labkit.engine.backend import EngineBackend
 from labkit.engine.config import PAUSE_MODES, EngineConfig
+from labkit.engine.contract import Contract, check_tensors
 from labkit.engine.errors import EngineError, EngineUnreachable, Unsupported
-from labkit.engine.spec import check_update, model_spec
+from labkit.engine.lifecycle import check_model_dir, cpu
+
+__all__ = ["EngineHandle", "check_model_dir"]
 
 HOLD_POLL_S = 0.05  # a request held while paused asks again this often (Ray actor backend)
 FULL = 2**31 - 1  # truncate_size that keeps every row (SGLang slices the row list with it)
@@ -24,71 +28,23 @@ _NO_CPU_MEMORY_RELEASE = (
     "kills the scheduler and leaves the call hanging; labkit refuses it without asking SGLang")
 
 
-def check_model_dir(model_dir: str) -> None:
-    """Fail before starting anything when the directory cannot be an HF model directory."""
-    d = Path(model_dir)
-    if not d.is_dir():
-        raise EngineError(f"model_dir={model_dir!r} is not a directory")
-    cfg = d / "config.json"
-    if not cfg.is_file():
-        raise EngineError(f"model_dir={model_dir!r} has no config.json: SGLang needs an HF model directory")
-    try:
-        json.loads(cfg.read_text())
-    except ValueError as e:
-        raise EngineError(f"model_dir={model_dir!r}: config.json is not valid JSON ({e})") from None
-    if not any(d.glob("*.safetensors")) and not any(d.glob("*.bin")):
-        raise EngineError(f"model_dir={model_dir!r} has no *.safetensors or *.bin weights")
-
-
-def _cpu() -> bool:
-    import torch
-
-    return not torch.cuda.is_available()
-
-
 class EngineHandle:
     """Use `EngineHandle.start(cfg)` (Ray actor, or connect when cfg.url is set), `.connect(url)`, or
     `.launch(cfg)` (start an HTTP server subprocess this handle owns)."""
 
-    def __init__(self, backend, cfg: EngineConfig, kind: str, server=None, actor=None, strategy=None):
+    def __init__(self, backend: EngineBackend, cfg: EngineConfig, kind: str, server=None, actor=None,
+                 strategy=None):
         self._b, self.cfg, self.kind, self._server, self._actor = backend, cfg, kind, server, actor
         self._strategy = strategy  # where a restart() puts the new actor
         self._closed = self._paused = False
         self.pauses = collections.deque(maxlen=64)  # (paused_at, continued_at or None), this handle's calls
 
-    # --- construction -------------------------------------------------------------------------------------
+    # --- construction (labkit.engine.lifecycle starts the backends) --------------------------------------
     @classmethod
     def start(cls, cfg: EngineConfig, scheduling_strategy=None) -> EngineHandle:
         if cfg.url is not None:
             return cls.connect(cfg.url, cfg)
-        check_model_dir(cfg.model_dir)
-        if cfg.tp != 1 and _cpu():
-            raise Unsupported(f"EngineConfig.tp={cfg.tp}: a CPU engine runs TP=1 only")
-        if cfg.speculative is not None and _cpu():
-            raise Unsupported("EngineConfig.speculative: SGLang speculative decoding (EAGLE/NEXTN) needs CUDA; on CPU "
-                              "labkit.mtp.speculative measures acceptance over the same weights")
-        import ray
-
-        from labkit.cluster import runtime
-        from labkit.engine.actor import ActorBackend, remote_class
-
-        runtime.init()
-        opts = {"scheduling_strategy": scheduling_strategy} if scheduling_strategy is not None else {}
-        actor = remote_class(num_gpus=0 if _cpu() else cfg.tp).options(**opts).remote(cfg)
-        backend = ActorBackend(actor, cfg.call_timeout_s)
-        try:
-            info = ray.get(actor.ready.remote(), timeout=cfg.start_timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            backend.shutdown()
-            raise EngineError(f"SGLang engine for model_dir={cfg.model_dir!r} did not start within "
-                              f"{cfg.start_timeout_s:.0f} s") from None
-        except ray.exceptions.RayError as e:  # the actor process died (e.g. killed while loading)
-            backend.shutdown()
-            raise EngineError(f"SGLang engine actor for model_dir={cfg.model_dir!r} died while starting: "
-                              f"{_root_cause(e)}") from None
-        if "error" in info:
-            backend.shutdown()
-            raise EngineError(f"SGLang could not start an engine for model_dir={cfg.model_dir!r}: {info['error']}")
+        backend, actor = lifecycle.start_actor(cfg, scheduling_strategy)
         return cls(backend, cfg, "ray", actor=actor, strategy=scheduling_strategy)
 
     def restart(self) -> None:
@@ -96,44 +52,24 @@ class EngineHandle:
         URL for a launched server). It serves the model dir's weights, weight_version "default"."""
         if self._actor is None and self._server is None:
             raise EngineUnreachable(f"engine at {self.url} was not started by labkit: it cannot be restarted here")
-        if self._server is not None:
-            from labkit.engine.http import HttpBackend, ServerProcess
-
-            port = self._server.port
-            self._server.stop(grace_s=2.0)
-            try:  # the same URL if its port is free again, else a new one (handle.url follows)
-                self._server = ServerProcess(self.cfg, port=port)
-            except EngineError:
-                self._server = ServerProcess(self.cfg)
-            self._b = HttpBackend(self._server.url, self.cfg.call_timeout_s)
+        if self._server is not None:  # the same URL if its port is free again, else a new one (handle.url follows)
+            self._b, self._server = lifecycle.restart_server(self._server, self.cfg)
         else:
             # Kill the actor (and with it SGLang's processes), remove /dev/shm leftovers; a wedged actor gets
             # 10 s to shut down cleanly, not a full call timeout.
             self._b.with_timeout(10.0).shutdown()
-            fresh = EngineHandle.start(self.cfg, scheduling_strategy=self._strategy)
-            self._b, self._actor = fresh._b, fresh._actor
+            self._b, self._actor = lifecycle.start_actor(self.cfg, self._strategy)
         self._closed = self._paused = False
 
     @classmethod
     def connect(cls, url: str, cfg: EngineConfig | None = None) -> EngineHandle:
-        from labkit.engine.http import HttpBackend
-
         cfg = cfg or EngineConfig(model_dir="<remote>", url=url)
-        backend = HttpBackend(url, cfg.call_timeout_s)
-        if not backend.health(timeout=min(10.0, cfg.call_timeout_s)):
-            raise EngineUnreachable(f"engine at {url} did not answer GET /health (with 200) within "
-                                    f"{min(10.0, cfg.call_timeout_s):.0f} s")
-        return cls(backend, cfg, "http")
+        return cls(lifecycle.connect_backend(url, cfg), cfg, "http")
 
     @classmethod
     def launch(cls, cfg: EngineConfig, port: int | None = None) -> EngineHandle:
-        from labkit.engine.http import HttpBackend, ServerProcess
-
-        check_model_dir(cfg.model_dir)
-        if cfg.tp != 1 and _cpu():
-            raise Unsupported(f"EngineConfig.tp={cfg.tp}: a CPU engine runs TP=1 only")
-        server = ServerProcess(cfg, port=port)
-        return cls(HttpBackend(server.url, cfg.call_timeout_s), cfg, "http", server=server)
+        backend, server = lifecycle.launch_server(cfg, port)
+        return cls(backend, cfg, "http", server=server)
 
     @property
     def url(self) -> str | None:
@@ -152,8 +88,11 @@ class EngineHandle:
         return h
 
     # --- plumbing ----------------------------------------------------------------------------------------
-    def _spec(self):
-        return model_spec(self.cfg.model_dir)
+    def _check(self, items, call: str) -> None:
+        """Names and shapes against the model dir's checkpoint (labkit.engine.contract) before `call` is sent;
+        nothing to check against for a remote engine."""
+        contract = Contract.find(self.cfg.model_dir)
+        check_tensors(None if contract is None else contract.tensors, items, call)
 
     def _control(self, method: str, *args, **kwargs) -> str:
         if self._closed:
@@ -198,22 +137,22 @@ class EngineHandle:
                                    weight_version: str | None = None) -> str:
         """`payload`: [(hf_name, tensor), ...], or for load_format="flattened_bucket" one serialized payload
         per TP rank. Must run inside begin/end_weight_update. weight_version is set only if SGLang accepts.
-        Named tensors are checked against the model's names and shapes first (labkit.engine.spec)."""
+        Named tensors are checked against the model's names and shapes first (labkit.engine.contract)."""
         payload = list(payload)
         if load_format is None:
-            check_update(self._spec(), [(n, tuple(t.shape)) for n, t in payload], "update_weights_from_tensor")
+            self._check([(n, tuple(t.shape)) for n, t in payload], "update_weights_from_tensor")
         return self._control("update_weights_from_tensor", payload, load_format, flush_cache, weight_version)
 
     def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
                                         group_name: str = "weight_update_group", flush_cache: bool = True,
                                         load_format: str | None = None, weight_version: str | None = None) -> str:
-        check_update(self._spec(), list(zip(names, shapes)), "update_weights_from_distributed")
+        self._check(list(zip(names, shapes)), "update_weights_from_distributed")
         return self._control("update_weights_from_distributed", names, dtypes, shapes, group_name, flush_cache,
                              load_format, weight_version)
 
     def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
                                   group_name: str = "weight_update_group", backend: str | None = None) -> str:
-        backend = backend or ("gloo" if _cpu() else "nccl")
+        backend = backend or ("gloo" if cpu() else "nccl")
         return self._control("init_weights_update_group", master_address, master_port, rank_offset, world_size,
                              group_name, backend)
 
@@ -245,10 +184,6 @@ class EngineHandle:
             raise EngineError(f"get_weights_by_name({name!r}) failed: SGLang returned no tensor (unknown name, "
                               "or the model class cannot export it; see the engine log)")
         return torch.tensor(rows, dtype=torch.float32)
-
-    def get_tensor(self, name: str):
-        """The full tensor for an HF name (float32), for element-wise verification."""
-        return self.get_weights_by_name(name)
 
     def checksums(self) -> dict[str, str]:
         """SGLang's weight checker: {engine parameter name: 16 hex chars} (sha256 of the raw bytes, first 8
@@ -306,12 +241,12 @@ class EngineHandle:
 
     def release_memory(self, tags: list[str] | None = None) -> str:
         """GPU only (untested in labkit): SGLang's release_memory_occupation("weights"/"kv_cache")."""
-        if _cpu():
+        if cpu():
             raise Unsupported(_NO_CPU_MEMORY_RELEASE)
         return self._control("release_memory_occupation", tags)
 
     def resume_memory(self, tags: list[str] | None = None) -> str:
-        if _cpu():
+        if cpu():
             raise Unsupported(_NO_CPU_MEMORY_RELEASE)
         return self._control("resume_memory_occupation", tags)
 
@@ -341,9 +276,3 @@ class EngineHandle:
         self.shutdown()
         return False
 
-
-def _root_cause(e: Exception) -> str:
-    """The last line of the innermost traceback Ray carries (SGLang's own message), plus its type."""
-    text = str(e).strip()
-    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(" ")]
-    return lines[-1] if lines else text[-2000:]

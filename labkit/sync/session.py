@@ -172,7 +172,7 @@ class Syncer:
         if cfg.verify != "none":
             t3 = time.perf_counter()
             if cfg.verify == "full":
-                result.update(vf.compare_full(kept, engine.get_tensor))
+                result.update(vf.compare_full(kept, engine.get_weights_by_name))
             else:
                 result.update(vf.compare(expected.finish(), engine.checksums()))
             phases["verify"] += time.perf_counter() - t3

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from labkit.engine.errors import EngineError
-from labkit.engine.spec import check_update
+from labkit.engine.contract import check_tensors
 from labkit.workbench.faults import KINDS, QUICK_KINDS, FaultsConfig, plan_trials
 from labkit import failpoints as fp
 from labkit.sync import lastgood
@@ -183,11 +183,11 @@ def test_bad_sync_timeouts_are_refused_naming_the_value(kw, match):
 
 
 def test_update_check_names_every_bad_tensor_before_sending():
-    spec = {"a.weight": (4, 4), "b.weight": (2,)}
-    check_update(spec, [("a.weight", (4, 4))], "update")
-    check_update(None, [("anything", (1,))], "update")  # a remote engine: nothing to check against
+    spec = {"a.weight": ((4, 4), "float32"), "b.weight": ((2,), "float32")}
+    check_tensors(spec, [("a.weight", (4, 4))], "update")
+    check_tensors(None, [("anything", (1,))], "update")  # a remote engine: nothing to check against
     with pytest.raises(EngineError, match=r"'c.weight': not a weight.*'b.weight': shape \(3,\) != engine \(2,\)"):
-        check_update(spec, [("c.weight", (1,)), ("b.weight", (3,))], "update_weights_from_tensor")
+        check_tensors(spec, [("c.weight", (1,)), ("b.weight", (3,))], "update_weights_from_tensor")
 
 
 def test_a_partial_copy_is_completed_from_the_previous_good_one(tmp_path):

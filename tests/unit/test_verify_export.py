@@ -58,7 +58,7 @@ class Recorder:
     def checksums(self):
         return expected_checksums(self.weights)
 
-    def get_tensor(self, name):
+    def get_weights_by_name(self, name):
         return self.weights[name]
 
     def __getattr__(self, name):  # begin/end_weight_update, flush_cache, set_weight_version, ...
