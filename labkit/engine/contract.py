@@ -8,9 +8,12 @@ Two copies of these facts drift, and each drift was a silent failure:
    each HF tensor a block of rows at its shard index: q/k/v into `qkv_proj`, gate/up into `gate_up_proj`.
    A group split across buckets leaves the engine with dummy weights between buckets (train-vs-rollout KL
    ~1.5), and a verifier that hashes q, k and v apart has nothing on the engine to compare with. A model
-   family that fuses more adds rows to `FUSED`. MoE experts (SGLang's FusedMoE: `mlp.experts.{e}.gate_proj/
-   up_proj` -> `mlp.experts.w13_weight`, `down_proj` -> `w2_weight`, stacked over experts) need one more axis
-   (the expert index, and a group size from config.json's expert count); they are not rows yet.
+   family that fuses more adds rows to `FUSED`. MoE experts (SGLang's FusedMoE) are not rows yet:
+   `mlp.experts.{e}.gate_proj/up_proj.weight` -> `mlp.experts.w13_weight` (E, 2I, H) is shard 2e+0/1 of 2E and
+   `down_proj` -> `w2_weight` (E, H, I) shard e of E (concatenating the shards on dim 0 in index order gives
+   the stacked parameter's bytes in FusedMoE's default layout, so `engine_layout` and `Expected` hash it
+   unchanged; some GPU kernels swap or transpose); the row needs the expert index from the name, E from
+   config.json, and a decision on whether a plan may split a layer's experts.
 2. The expected tensors (`Contract`, `check_tensors`). SGLang's loaders look tensors up by name and copy in
    place: an unknown name or a wrong shape fails inside the scheduler after part of a request has landed
    (a fused loader's shape mismatch can take the scheduler down). So every sync plan (names, shapes, dtypes)
