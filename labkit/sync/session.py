@@ -100,21 +100,21 @@ class Syncer:
 
     def run(self, named_iter, engine, cfg: SyncConfig, engine_spec: dict | None = None,
             weight_version: str | None = None, exclude: tuple[str, ...] = ()) -> dict:
-        """`exclude`: name substrings left out on purpose (they stay unchanged and are reported unverified)."""
+        """prepare -> open the session -> stream the buckets -> close the session -> hooks' results -> metrics.
+        `exclude`: name substrings left out on purpose (they stay unchanged and are reported unverified)."""
         s = _State(cfg)
-        named_iter = self._prepare(s, named_iter, engine_spec, tuple(exclude))
+        named_iter = self._prepare(s, named_iter, engine_spec, tuple(exclude))  # plan, coverage, buffers
         s.version = weight_version or f"v{self.version + 1}"
-        hooks = hk.for_config(cfg)
-        self._open_session(s, engine)
+        self._open_session(s, engine)  # release the KV cache, begin_weight_update
+        hooks = hk.for_config(cfg)  # expected checksums or full copies; the rollback copy
         try:
-            self._stream(s, iter(named_iter), engine, hooks)
+            self._stream(s, iter(named_iter), engine, hooks)  # gather, pack, send (overlapped), hooks
         except BaseException:
-            _abort(s, engine, hooks)
+            _abort(s, engine, hooks)  # best effort, never masking the original error
             raise
-        self._close_session(s, engine)
+        self._close_session(s, engine)  # end_weight_update, flush_cache, resume memory, new version
         self.version += 1
-        result = {"sync/verified": None, "sync/unverified": None if s.unverified is None else s.unverified[:20],
-                  "sync/num_unverified": None if s.unverified is None else len(s.unverified)}
+        result = _coverage(s.unverified)
         for h in hooks:  # verification, then the rollback copy made complete
             result.update(s.timed(h.phase, h.finish, engine, s.version))
         return _metrics(s, result)
@@ -255,6 +255,12 @@ def _abort(s: _State, engine, hooks: list[hk.Hook]) -> None:
             step()
         except Exception:
             pass
+
+
+def _coverage(unverified: list[str] | None) -> dict:
+    """Engine tensors left unchanged on purpose (`exclude`); None without the engine's tensor list."""
+    return {"sync/verified": None, "sync/unverified": None if unverified is None else unverified[:20],
+            "sync/num_unverified": None if unverified is None else len(unverified)}
 
 
 def _metrics(s: _State, result: dict) -> dict:
