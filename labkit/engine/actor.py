@@ -8,8 +8,19 @@ like the HTTP server's JSON, so the handle treats both backends alike.
 
 from __future__ import annotations
 
+import collections
 import os
+import threading
+import time
 
+import psutil
+
+from labkit.cluster.runtime import wait_dead
+from labkit.compat import sglang as compat
+from labkit.engine.errors import EngineUnreachable
+
+# Ray, SGLang and torch are imported where they are crossed: labkit.engine.http imports this module for
+# MODEL_PACKAGE, and importing labkit.engine stays cheap.
 MODEL_PACKAGE = "labkit.engine.sglang_models"
 
 
@@ -39,9 +50,6 @@ class _StderrTee:
     inherit fd 2), while still passing everything through to the original stderr (Ray's worker log)."""
 
     def __init__(self, keep: int = 300):
-        import collections
-        import threading
-
         self.lines = collections.deque(maxlen=keep)
         self._orig = os.dup(2)
         r, w = os.pipe()
@@ -74,8 +82,6 @@ class EngineActor:
     """
 
     def __init__(self, cfg):
-        from labkit.compat import sglang as compat
-
         self.cfg, self.engine, self.error, self._closed, self._paused = cfg, None, None, False, False
         self.layers = compat.apply()
         # SGLang's registry serves our MiMo (adds get_weights_by_name) and loads its own zoo on demand.
@@ -88,8 +94,6 @@ class EngineActor:
             device = "cuda" if torch.cuda.is_available() else "cpu"
             self.engine = sglang.Engine(**cfg.sglang_kwargs(device), custom_sigquit_handler=_launch_sigquit)
         except BaseException as e:  # incl. _LaunchFailed raised from the signal handler
-            import time
-
             time.sleep(0.5)  # let the pump take the child's last lines
             self.error = f"{type(e).__name__}: {e}\n--- SGLang's error ---\n{self._tee.root_cause()}"
             self._kill_children()
@@ -100,8 +104,6 @@ class EngineActor:
         return {"pid": os.getpid(), "compat": self.layers, "children": self._children()}
 
     def _kill_children(self) -> None:
-        import psutil
-
         procs = psutil.Process().children(recursive=True)
         for p in procs:
             try:
@@ -111,8 +113,6 @@ class EngineActor:
         psutil.wait_procs(procs, timeout=10)
 
     def _children(self) -> list[int]:
-        import psutil
-
         return [p.pid for p in psutil.Process().children(recursive=True)]
 
     def _run(self, coro):
@@ -208,9 +208,6 @@ class EngineActor:
         self._paused = False
         return {"success": True, "message": "Generation continued."}
 
-    def is_paused(self) -> bool:
-        return self._paused
-
     def release_memory_occupation(self, tags=None) -> dict:
         return _ok(self.engine.release_memory_occupation(tags))
 
@@ -220,8 +217,6 @@ class EngineActor:
     # --- lifecycle -----------------------------------------------------------------------------------------
     def health(self) -> bool:
         """SGLang's processes are alive (what /health answers without SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION)."""
-        import psutil
-
         if self._closed or self.engine.tokenizer_manager.gracefully_exit:
             return False
         pids = self.engine.get_all_child_pids() or self._children()
@@ -229,8 +224,6 @@ class EngineActor:
 
     def shutdown(self) -> list[str]:
         """Stop SGLang's processes and remove what they leave in /dev/shm. Returns the removed files."""
-        from labkit.compat import sglang as compat
-
         if not self._closed and self.engine is not None:
             self._closed = True
             # Engine.shutdown kills every descendant of this process (scheduler, detokenizer, and also the
@@ -255,8 +248,6 @@ class ActorBackend:
         def call(*args, **kwargs):
             import ray
 
-            from labkit.engine.errors import EngineUnreachable
-
             try:
                 return ray.get(getattr(self.actor, method).remote(*args, **kwargs), timeout=self.timeout_s)
             except ray.exceptions.GetTimeoutError:
@@ -272,19 +263,14 @@ class ActorBackend:
     def shutdown(self) -> list[str]:
         import ray
 
-        from labkit.compat import sglang as compat
-
         removed = []
         try:
             removed = ray.get(self.actor.shutdown.remote(), timeout=self.timeout_s)
         except ray.exceptions.RayError:
             pass  # already dead or stuck: killing the actor takes its SGLang children down (PDEATHSIG)
         ray.kill(self.actor, no_restart=True)
-        from labkit.cluster.runtime import wait_dead
-
         wait_dead([self.actor])
         return removed + compat.cleanup_shm()
-
 
 
 def remote_class(num_cpus: float = 1, num_gpus: float = 0):

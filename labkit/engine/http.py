@@ -20,10 +20,18 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
+import psutil
+
+from labkit.cluster.runtime import free_port
+from labkit.compat import sglang as compat
 from labkit.engine.actor import MODEL_PACKAGE  # cheap: actor.py imports Ray/SGLang only inside functions
 from labkit.engine.errors import EngineError, EngineUnreachable
+
+# torch is imported where a tensor is serialized or a server started: an HTTP client of a running server
+# (and `import labkit.engine`) needs no torch.
 
 
 class HttpBackend:
@@ -170,7 +178,6 @@ def _message(out) -> str:
 def serialize(obj) -> str:
     """SGLang's MultiprocessingSerializer.serialize(obj, output_str=True), without importing sglang."""
     import torch.multiprocessing as tmp
-    from multiprocessing.reduction import ForkingPickler
 
     tmp.set_sharing_strategy("file_system")
     buf = io.BytesIO()
@@ -206,9 +213,6 @@ class ServerProcess:
     def __init__(self, cfg, host: str = "127.0.0.1", port: int | None = None):
         import torch
 
-        from labkit.cluster.runtime import free_port
-        from labkit.compat import sglang as compat
-
         compat.check_sglang_version()
         self.port = port or free_port()
         self.url = f"http://{host}:{self.port}"
@@ -235,8 +239,6 @@ class ServerProcess:
     def _members(self) -> list:
         """The server and every process still in its session's process group (children of a dead server
         are reparented, so its process tree alone would miss them)."""
-        import psutil
-
         out = []
         for p in psutil.process_iter():
             try:
@@ -248,10 +250,6 @@ class ServerProcess:
 
     def _kill(self, grace_s: float) -> list[str]:
         """SIGTERM the server's process group, SIGKILL what is left, reap, remove its /dev/shm leftovers."""
-        import psutil
-
-        from labkit.compat import sglang as compat
-
         procs = self._members()
         if procs:
             procs += [c for p in procs for c in _children(p)]  # a child that left the group goes too
@@ -273,8 +271,6 @@ class ServerProcess:
 
 
 def _children(p) -> list:
-    import psutil
-
     try:
         return p.children(recursive=True)
     except psutil.NoSuchProcess:

@@ -8,6 +8,8 @@ not the bytes), on GPU in device memory (CUDA IPC handles).
 
 from __future__ import annotations
 
+import gc
+
 import torch
 
 from labkit import failpoints as fp
@@ -24,7 +26,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def metadata(bucket: Bucket) -> list:
     """SGLang's FlattenedTensorMetadata list for `bucket` (byte offsets into the flat buffer)."""
-    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata  # SGLang is crossed here only
 
     out, offset = [], 0
     for t in bucket.tensors:
@@ -94,6 +96,4 @@ class BufferPool:
         self.buffers.clear()
         self._next = 0
         if self.shared:
-            import gc
-
             gc.collect()  # a reference cycle may still hold a storage; the unlink happens on its last release

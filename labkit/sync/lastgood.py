@@ -20,6 +20,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
 
 from labkit.sync import bucket as bk
 
@@ -154,8 +156,6 @@ class Store:
 def _names(good: dict) -> set[str]:
     if "path" in good:
         return {e["name"] for e in json.loads((Path(good["path"]) / "index.json").read_text())["tensors"]}
-    from safetensors import safe_open
-
     out = set()
     for f in Path(good["model_dir"]).glob("*.safetensors"):
         with safe_open(str(f), "pt") as st:
@@ -183,8 +183,6 @@ def _pid_alive(pid: int) -> bool:
 
 def model_dir_tensors(model_dir: str, dtype: str) -> dict[str, torch.Tensor]:
     """A model directory's safetensors, floating tensors cast to the engine's serving dtype."""
-    from safetensors.torch import load_file
-
     target = bk.torch_dtype(dtype)
     out = {}
     for f in sorted(Path(model_dir).glob("*.safetensors")):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from tqdm.auto import tqdm
+
 MB = 1 << 20
 
 
@@ -28,8 +30,6 @@ def candidates(lo_bytes: int, hi_bytes: int, budget_bytes: int | None = None, pe
 
 
 def sweep(measure: Callable[[int], dict], sizes: list[int], progress: bool = True) -> list[dict]:
-    from tqdm.auto import tqdm
-
     curve = []
     for size in tqdm(sizes, desc="sweep", disable=not progress):
         m = measure(size)

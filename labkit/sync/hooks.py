@@ -1,0 +1,105 @@
+"""Per-bucket side work of a sync: what the syncer does with each bucket besides sending it.
+
+A hook sees every bucket once it is handed to the transport (`on_bucket`: its exported tensors and, for the
+flattened transports, the packed buffer, which is reused for bucket i+2, so anything kept from it is copied
+now), answers its metrics once the session is closed (`finish`), and gives back what it holds when the sync
+fails (`abort`). Its time is charged to `timing/sync/<phase>`. Adding one means adding a class and a line in
+`for_config`; the syncer's loop does not change.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from labkit.sync import bucket as bk
+from labkit.sync import lastgood
+from labkit.sync import verify as vf
+from labkit.sync.config import SyncConfig
+from labkit.sync.plan import Bucket
+
+
+class Hook(Protocol):
+    phase: str  # the timing/sync/<phase> its time is charged to
+
+    def on_bucket(self, b: Bucket, tensors: dict[str, torch.Tensor], flat: torch.Tensor | None) -> None: ...
+
+    def finish(self, engine, version: str) -> dict: ...
+
+    def abort(self) -> None: ...
+
+
+def _engine_dtype(b: Bucket, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The EXPORTED tensors cast to the engine dtype (the packer's cast), never the packed buffer: a packing
+    bug (wrong offset, wrong cast) then fails verification instead of being hashed into the expectation."""
+    return {m.name: tensors[m.name].detach().to(bk.torch_dtype(m.dtype)) for m in b.tensors}
+
+
+class Checksums:
+    """verify="checksum": the expected checksums, accumulated bucket by bucket, against the engine's."""
+
+    phase = "verify"
+
+    def __init__(self):
+        self.expected = vf.Expected()
+
+    def on_bucket(self, b, tensors, flat) -> None:
+        self.expected.add(_engine_dtype(b, tensors))
+
+    def finish(self, engine, version: str) -> dict:
+        return vf.compare(self.expected.finish(), engine.checksums())
+
+    def abort(self) -> None:
+        pass
+
+
+class FullCopies:
+    """verify="full": a host copy of every tensor sent, compared element-wise with what the engine serves."""
+
+    phase = "verify"
+
+    def __init__(self):
+        self.kept: dict[str, torch.Tensor] = {}
+
+    def on_bucket(self, b, tensors, flat) -> None:
+        self.kept.update({n: t.to("cpu", copy=True) for n, t in _engine_dtype(b, tensors).items()})
+
+    def finish(self, engine, version: str) -> dict:
+        return vf.compare_full(self.kept, engine.get_weights_by_name)
+
+    def abort(self) -> None:
+        pass
+
+
+class Stage:
+    """The rollback copy of the version being sent (`lastgood.Writer` under `stage_dir`), written from the
+    flat buffer before it is reused; complete (index.json) only once the session closed."""
+
+    phase = "stage"
+
+    def __init__(self, stage_dir: str):
+        self.writer = lastgood.Writer(stage_dir)
+
+    def on_bucket(self, b, tensors, flat) -> None:
+        self.writer.add(dict(bk.unpack(b, flat)) if flat is not None else {
+            m.name: tensors[m.name].detach().to("cpu", bk.torch_dtype(m.dtype)) for m in b.tensors})
+
+    def finish(self, engine, version: str) -> dict:
+        staged = self.writer.finish(version)
+        return {"sync/staged": staged, "sync/stage_bytes": self.writer.nbytes}  # host memory (tmpfs) it holds
+
+    def abort(self) -> None:
+        self.writer.abort()
+
+
+def for_config(cfg: SyncConfig) -> list[Hook]:
+    """The hooks a sync runs, in order (verification answers before the rollback copy is completed)."""
+    hooks: list[Hook] = []
+    if cfg.verify == "full":
+        hooks.append(FullCopies())
+    elif cfg.verify != "none":
+        hooks.append(Checksums())
+    if cfg.stage_dir:
+        hooks.append(Stage(cfg.stage_dir))
+    return hooks

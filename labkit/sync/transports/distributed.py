@@ -1,0 +1,108 @@
+"""The trainer joins the engine's weight-update group and broadcasts each flat buffer into it.
+
+The rendezvous port is bound by the trainer *before* the engine is told about it, so a port taken by someone
+else is a retry with another port, never an engine connecting to a stranger (or waiting for a store that
+will never come up). The group (rendezvous, store, every broadcast) carries `timeout_s`, and so does every
+engine call made here.
+"""
+
+from __future__ import annotations
+
+import errno
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+import torch
+from torch.distributed.distributed_c10d import PrefixStore, _new_process_group_helper, _world
+
+from labkit import failpoints as fp
+from labkit.cluster import runtime
+from labkit.compat import loopback
+from labkit.sync.plan import Bucket
+
+PORT_ATTEMPTS = 5
+
+
+def bind_store(host: str, world_size: int, timeout_s: float, attempts: int = PORT_ATTEMPTS):
+    """The rendezvous TCPStore, hosted here (rank 0) on a free port of `host` only; (store, port, retries)."""
+    errors = []
+    for i in range(attempts):
+        port = runtime.free_port()
+        fp.hit("transport.open", host=host, port=port)
+        try:
+            sock = loopback.listen(host, port)
+        except OSError as e:  # free_port() is a guess: another process may bind it first
+            if e.errno != errno.EADDRINUSE:
+                raise
+            errors.append(port)
+            continue
+        store = loopback.tcp_store(host, port, world_size, True, timedelta(seconds=timeout_s), sock=sock)
+        return store, port, i
+    raise RuntimeError(f"could not bind a rendezvous port for the weight-update group: ports {errors} were "
+                       f"all in use ({attempts} attempts)")
+
+
+def join_group(store, world_size: int, group_name: str, backend: str, timeout_s: float = 120.0):
+    """Rank 0 of SGLang's weight-update group, built the way `init_custom_process_group` builds it
+    (PrefixStore named after the group over the rendezvous store)."""
+    timeout = timedelta(seconds=timeout_s)
+    store.set_timeout(timeout)
+    pg, _ = _new_process_group_helper(world_size, 0, [], torch.distributed.Backend(backend),
+                                      PrefixStore(group_name, store), group_name=group_name, backend_options=None,
+                                      timeout=timeout)
+    _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
+    return pg
+
+
+class Distributed:
+    """transport="distributed": SGLang's `update_weights_from_distributed(load_format="flattened_bucket")`.
+
+    Flow:
+    1. open: bind the rendezvous store on this node (`bind_store`, retried on a taken port), then at once
+       `engine.init_weights_update_group(addr, port, rank_offset=1, world)` on a worker thread and
+       `join_group` here (rank 0; the engine's TP ranks are 1..tp): each side blocks until the other joins;
+    2. send, per bucket: `engine.update_weights_from_distributed(names, dtypes, shapes)` on the worker
+       thread (the engine starts receiving) while this thread broadcasts the flat buffer (gloo on CPU, NCCL
+       on GPU); returns when the engine answers that it loaded the bucket;
+    3. close: `engine.destroy_weights_update_group`, then destroy the process group here (also on failure).
+    """
+
+    name = "distributed"
+    flattened = True
+
+    def __init__(self, group_name: str = "labkit_weight_update", timeout_s: float = 120.0):
+        self.group_name, self.timeout_s, self.pg = group_name, timeout_s, None
+        self.port_retries = 0
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="labkit-engine")
+
+    def open(self, engine, plan) -> None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        addr, world = runtime.node_ip(), 1 + engine.tp_size
+        store, port, self.port_retries = bind_store(addr, world, self.timeout_s)
+        # Both sides build the group at once: the engine call blocks until the trainer joins.
+        fut = None if fp.hit("transport.peer") else self._pool.submit(
+            engine.init_weights_update_group, master_address=addr, master_port=port, rank_offset=1,
+            world_size=world, group_name=self.group_name, backend=backend)
+        self.pg = join_group(store, world, self.group_name, backend, self.timeout_s)
+        fut.result(timeout=self.timeout_s)
+
+    def send(self, engine, b: Bucket, tensors=None, flat: torch.Tensor | None = None) -> dict:
+        t0 = time.perf_counter()
+        fut = self._pool.submit(engine.update_weights_from_distributed, names=b.names,
+                                dtypes=[t.dtype for t in b.tensors], shapes=[list(t.shape) for t in b.tensors],
+                                group_name=self.group_name, load_format="flattened_bucket", flush_cache=False)
+        fp.hit("transport.send", flat=flat)
+        torch.distributed.broadcast(flat, src=0, group=self.pg)
+        t1 = time.perf_counter()
+        fut.result(timeout=self.timeout_s)
+        return {"transfer": t1 - t0, "load": time.perf_counter() - t1}
+
+    def close(self, engine) -> None:
+        if self.pg is not None:
+            try:
+                engine.destroy_weights_update_group(self.group_name)
+            finally:
+                torch.distributed.destroy_process_group(self.pg)
+                self.pg = None
+                self._pool.shutdown(wait=False)
