@@ -36,8 +36,11 @@ def _int(name: str, value: object, lo: int = 1) -> None:
 
 def choices(cls: type, name: str) -> tuple:
     """The allowed values of field `name` of dataclass `cls`, read from its `Literal[...]` type (None included
-    for an Optional one); () for a field of any other type. The one place the allowed values are written."""
+    for an Optional one; the items' for `tuple[Literal[...], ...]`); () for a field of any other type. The one
+    place the allowed values are written."""
     hint = typing.get_type_hints(cls)[name]
+    if typing.get_origin(hint) is tuple and typing.get_args(hint)[1:] == (Ellipsis,):
+        hint = typing.get_args(hint)[0]
     members = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
     out: tuple = ()
     for m in members:
@@ -99,10 +102,10 @@ def _parser(base: object, name: str, kind: type):
             dataclasses.replace(base, **{name: v})
         except ValueError as e:
             msg = str(e)
-            if msg.startswith(f"{name}=") and " is invalid: expected " in msg:
-                raise argparse.ArgumentTypeError(f"{name}={text!r} is invalid: expected "
-                                                 + msg.split(" is invalid: expected ", 1)[1]) from None
-            if msg.startswith(f"{name}="):
+            head = msg.split("=", 1)[0]  # "bucket_mb" or "EngineConfig.url": this field's own rule?
+            if head == name or head.endswith("." + name):
+                if " is invalid: expected " in msg:
+                    msg = f"{name}={text!r} is invalid: expected " + msg.split(" is invalid: expected ", 1)[1]
                 raise argparse.ArgumentTypeError(msg) from None
         return v
     return parse

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from typing import Literal, get_args
 
 from labkit.config import TrainConfig, check
 from labkit.mtp.rl import RLConfig
 
-ARMS = ("frozen", "trained", "unsynced")
+Arm = Literal["frozen", "trained", "unsynced"]
+ARMS = get_args(Arm)
 DRAFT_LAYERS = (".mtp_layers.",)  # HF names of the draft's own layers (MiMo naming)
 DRAFT_SHARED = ("model.embed_tokens.weight", "lm_head.weight")  # what a separate draft model holds a copy of
 
@@ -30,7 +32,7 @@ DRAFT_SHARED = ("model.embed_tokens.weight", "lm_head.weight")  # what a separat
 @dataclass(kw_only=True, slots=True, frozen=True)
 class ExperimentConfig:
     steps: int = 60
-    arms: tuple[str, ...] = ARMS
+    arms: tuple[Arm, ...] = ARMS
     k: int = 1  # draft tokens per verify
     spec_temperature: float = 1.0  # the rollout temperature: what RL serves
     eval_prompts: int = 256
