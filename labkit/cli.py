@@ -228,7 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("mtp-experiment", help="RL with the MTP draft: arms frozen/trained/unsynced, acceptance per step")
     d.add_argument("--steps", type=int, default=None, help="RL steps per arm (default 60; --quick: 2)")
     d.add_argument("--arms", default=None, help="comma-separated subset of frozen,trained,unsynced")
-    d.add_argument("--k", type=int, default=None, help="draft tokens per verify (default 1, MiMo's recipe)")
+    d.add_argument("--k", type=int, default=None, help="drafts per verify step, k (default 1, MiMo's recipe; SGLang's "
+                   "num_draft_tokens is k + 1)")
     d.add_argument("--temperature", type=float, default=None, help="speculative sampling temperature (default 1)")
     d.add_argument("--eval-prompts", type=int, default=None)
     d.add_argument("--prompts", type=int, default=None, help="prompts per RL step")

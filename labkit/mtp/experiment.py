@@ -33,7 +33,7 @@ DRAFT_SHARED = ("model.embed_tokens.weight", "lm_head.weight")  # what a separat
 class ExperimentConfig:
     steps: int = 60
     arms: tuple[Arm, ...] = ARMS
-    k: int = 1  # draft tokens per verify
+    k: int = 1  # drafts per verify step (draft_len; SGLang: speculative_num_steps, its num_draft_tokens is k + 1)
     spec_temperature: float = 1.0  # the rollout temperature: what RL serves
     eval_prompts: int = 256
     seed: int = 0
