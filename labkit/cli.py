@@ -6,8 +6,9 @@ import argparse
 import json
 import sys
 
-from labkit.config import ParallelSpec, add_arguments
+from labkit.config import ParallelSpec, add_arguments, choices
 from labkit.engine.config import EngineConfig
+from labkit.mtp.experiment import ExperimentConfig
 from labkit.mtp.rl import rl_train_config
 from labkit.sync.config import SyncConfig
 from labkit.workbench.serve_sync import ServeBenchConfig
@@ -203,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("bench", help="benchmarks; `labkit bench sync`: per-tensor vs bucketed vs memcpy; "
                                      "`labkit bench serve-sync`: syncs under generate traffic, per pause mode")
     d.add_argument("what", choices=["sync", "serve-sync"])
-    d.add_argument("--modes", default=None, help="serve-sync: comma-separated pause modes (default abort,retract,in_place)")
+    d.add_argument("--modes", default=None, help="serve-sync: comma-separated pause modes "
+                                                 f"(default {','.join(ServeBenchConfig().modes)})")
     add_arguments(d, ServeBenchConfig, ("syncs", "max_requests", "backend"),
                   notes=dict.fromkeys(("syncs", "max_requests", "backend"), "(serve-sync)"))
     d.add_argument("--model", default=None, help="serve-sync: HF model dir (default: a tiny random MiMo)")
@@ -227,7 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("mtp-experiment", help="RL with the MTP draft: arms frozen/trained/unsynced, acceptance per step")
     d.add_argument("--steps", type=int, default=None, help="RL steps per arm (default 60; --quick: 2)")
-    d.add_argument("--arms", default=None, help="comma-separated subset of frozen,trained,unsynced")
+    d.add_argument("--arms", default=None,
+                   help=f"comma-separated subset of {','.join(choices(ExperimentConfig, 'arms'))}")
     d.add_argument("--k", type=int, default=None, help="drafts per verify step, k (default 1, MiMo's recipe; SGLang's "
                    "num_draft_tokens is k + 1)")
     d.add_argument("--temperature", type=float, default=None, help="speculative sampling temperature (default 1)")
