@@ -124,8 +124,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, fields: tuple[str,
     base = cls() if base is None else base
     hints, docs = typing.get_type_hints(cls), field_docs(cls)
     for name in fields:
-        flag, default, allowed = (flags or {}).get(name, "--" + name.replace("_", "-")), getattr(base, name), \
-            choices(cls, name)
+        flag = (flags or {}).get(name, "--" + name.replace("_", "-"))
+        default, allowed = getattr(base, name), choices(cls, name)
         text = " ".join(x for x in (docs.get(name, ""), (notes or {}).get(name, "")) if x)
         kind = _kind(hints[name])
         if kind is bool:
