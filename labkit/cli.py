@@ -6,6 +6,13 @@ import argparse
 import json
 import sys
 
+from labkit.config import ParallelSpec, add_arguments, choices
+from labkit.engine.config import EngineConfig
+from labkit.mtp.experiment import ExperimentConfig
+from labkit.mtp.rl import rl_train_config
+from labkit.sync.config import SyncConfig
+from labkit.workbench.serve_sync import ServeBenchConfig
+
 
 def _emit(metrics: dict, as_json: bool) -> None:
     if as_json:
@@ -39,8 +46,6 @@ def cmd_demo(args) -> int:
 
 
 def cmd_sync(args) -> int:
-    from labkit.config import ParallelSpec
-    from labkit.sync import SyncConfig
     from labkit.workbench import Workbench
 
     # Validate every flag before anything starts.
@@ -182,32 +187,28 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--workdir", default="runs/demo")
     d.add_argument("--model", default=None, help="HF model directory (default: data/tiny-mimo)")
     d.add_argument("--steps", type=int, default=10)
-    d.add_argument("--tp", type=int, default=1)
-    d.add_argument("--pp", type=int, default=1)
+    add_arguments(d, ParallelSpec, ("tp", "pp"))
     d.add_argument("--json", action="store_true")
     d.set_defaults(fn=cmd_demo)
 
     d = sub.add_parser("sync", help="train a few steps, sync into a real SGLang engine, verify, compare greedy")
-    d.add_argument("--transport", default="colocated", help="per-tensor | colocated | distributed")
-    d.add_argument("--bucket-mb", type=_positive_float("bucket_mb"), default=64.0)
-    d.add_argument("--memory-budget-mb", type=_positive_float("memory_budget_mb"), default=None)
-    d.add_argument("--verify", default="checksum", help="checksum | full (none is refused: an atomic sync serves only verified weights)")
+    add_arguments(d, SyncConfig, ("transport", "bucket_mb", "memory_budget_mb", "verify"))
     d.add_argument("--model", default=None, help="HF model directory (default: data/tiny-mimo)")
-    d.add_argument("--engine-url", default=None, help="an SGLang server to sync into instead of a Ray actor")
+    add_arguments(d, EngineConfig, ("url",), base=EngineConfig(model_dir="data/tiny-mimo"),
+                  flags={"url": "--engine-url"})
     d.add_argument("--steps", type=int, default=3)
-    d.add_argument("--tp", type=int, default=1)
-    d.add_argument("--pp", type=int, default=1)
+    add_arguments(d, ParallelSpec, ("tp", "pp"))
     d.add_argument("--json", action="store_true")
     d.set_defaults(fn=cmd_sync)
 
     d = sub.add_parser("bench", help="benchmarks; `labkit bench sync`: per-tensor vs bucketed vs memcpy; "
                                      "`labkit bench serve-sync`: syncs under generate traffic, per pause mode")
     d.add_argument("what", choices=["sync", "serve-sync"])
-    d.add_argument("--modes", default=None, help="serve-sync: comma-separated pause modes (default abort,retract,in_place)")
-    d.add_argument("--syncs", type=int, default=3, help="serve-sync: syncs per pause mode")
-    d.add_argument("--max-requests", type=int, default=200, help="serve-sync: requests per pause mode at most")
+    d.add_argument("--modes", default=None, help="serve-sync: comma-separated pause modes "
+                                                 f"(default {','.join(ServeBenchConfig().modes)})")
+    add_arguments(d, ServeBenchConfig, ("syncs", "max_requests", "backend"),
+                  notes=dict.fromkeys(("syncs", "max_requests", "backend"), "(serve-sync)"))
     d.add_argument("--model", default=None, help="serve-sync: HF model dir (default: a tiny random MiMo)")
-    d.add_argument("--backend", default="http", help="serve-sync: http (an SGLang server) or actor (a Ray actor)")
     d.add_argument("--bucket-mb", type=_positive_float("bucket_mb"), default=32.0)
     d.add_argument("--reps", type=int, default=3)
     d.add_argument("--quick", action="store_true", help="a small model (tests)")
@@ -216,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(fn=cmd_bench)
 
     d = sub.add_parser("tune", help="bucket-size sweep under a memory budget + autotuner")
-    d.add_argument("--transport", default="colocated")
+    add_arguments(d, SyncConfig, ("transport",))
     d.add_argument("--lo-mb", type=_positive_float("lo_mb"), default=0.5)
     d.add_argument("--hi-mb", type=_positive_float("hi_mb"), default=256.0)
     d.add_argument("--memory-budget-mb", type=_positive_float("memory_budget_mb"), default=512.0)
@@ -228,15 +229,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("mtp-experiment", help="RL with the MTP draft: arms frozen/trained/unsynced, acceptance per step")
     d.add_argument("--steps", type=int, default=None, help="RL steps per arm (default 60; --quick: 2)")
-    d.add_argument("--arms", default=None, help="comma-separated subset of frozen,trained,unsynced")
-    d.add_argument("--k", type=int, default=None, help="draft tokens per verify (default 1, MiMo's recipe)")
+    d.add_argument("--arms", default=None,
+                   help=f"comma-separated subset of {','.join(choices(ExperimentConfig, 'arms'))}")
+    d.add_argument("--k", type=int, default=None, help="drafts per verify step, k (default 1, MiMo's recipe; SGLang's "
+                   "num_draft_tokens is k + 1)")
     d.add_argument("--temperature", type=float, default=None, help="speculative sampling temperature (default 1)")
     d.add_argument("--eval-prompts", type=int, default=None)
     d.add_argument("--prompts", type=int, default=None, help="prompts per RL step")
     d.add_argument("--group", type=int, default=None, help="samples per prompt (GRPO group)")
-    d.add_argument("--lr", type=float, default=None)
-    d.add_argument("--mtp-lr-mult", type=float, default=None, help="the draft's lr over the policy's (default 5)")
-    d.add_argument("--mtp-target", default=None, help="what the draft learns: tokens (sampled CE) or policy (KL)")
+    add_arguments(d, type(rl_train_config()), ("lr", "mtp_lr_mult", "mtp_target"), base=rl_train_config(), keep=True)
     d.add_argument("--seed", type=int, default=None)
     d.add_argument("--model", default=None, help="HF model directory (default: data/tiny-mimo)")
     d.add_argument("--quick", action="store_true", help="a few seconds per step (tests)")

@@ -29,9 +29,11 @@ BASELINE = True  # also sync per-tensor first, to compare against
 INTERACTIVE = False  # True in JupyterLab: transport/bucket controls and a Run button
 
 # %% tags=["validate"]
+from labkit.sync.config import SyncConfig
+
 nb.check_params(globals(), {
-    "STEPS": nb.Int(0, 200), "TRANSPORT": nb.Choice("per-tensor", "colocated", "distributed"),
-    "BUCKET_MB": nb.Float(0.001, 1024), "VERIFY": nb.Choice("checksum", "full"),
+    "STEPS": nb.Int(0, 200), "TRANSPORT": nb.Choice.of(SyncConfig, "transport"),
+    "BUCKET_MB": nb.Float(0.001, 1024), "VERIFY": nb.Choice.of(SyncConfig, "verify", exclude=("none",)),
     "BASELINE": nb.Bool(), "INTERACTIVE": nb.Bool()});
 
 # %%

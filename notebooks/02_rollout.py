@@ -30,9 +30,11 @@ SEED = 0
 INTERACTIVE = False
 
 # %% tags=["validate"]
+from labkit.sync.config import SyncConfig
+
 nb.check_params(globals(), {
     "N_PROMPTS": nb.Int(1, 512), "TEMPERATURE": nb.Float(0.0, 2.0), "MAX_NEW_TOKENS": nb.Int(1, 64),
-    "STEPS": nb.Int(1, 200), "TRANSPORT": nb.Choice("per-tensor", "colocated", "distributed"),
+    "STEPS": nb.Int(1, 200), "TRANSPORT": nb.Choice.of(SyncConfig, "transport"),
     "BUCKET_MB": nb.Float(0.001, 1024), "SEED": nb.Int(0), "INTERACTIVE": nb.Bool()});
 
 # %%

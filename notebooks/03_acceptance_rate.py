@@ -41,8 +41,10 @@ QUICK = False  # a few seconds per step: the numbers mean little
 INTERACTIVE = False
 
 # %% tags=["validate"]
+from labkit.mtp.experiment import ExperimentConfig
+
 nb.check_params(globals(), {
-    "ARMS": nb.Subset("frozen", "trained", "unsynced"), "STEPS": nb.Int(1, 500), "SPEC_K": nb.Int(1, 8), "K": nb.Int(1, 8),
+    "ARMS": nb.Subset.of(ExperimentConfig, "arms"), "STEPS": nb.Int(1, 500), "SPEC_K": nb.Int(1, 8), "K": nb.Int(1, 8),
     "TEMPERATURE": nb.Float(0.0, 2.0), "EVAL_PROMPTS": nb.Int(1, 4096), "PROMPTS": nb.Int(1, 512),
     "GROUP": nb.Int(2, 64), "MTP_LR_MULT": nb.Float(0.01, 100.0), "SEED": nb.Int(0), "QUICK": nb.Bool(), "INTERACTIVE": nb.Bool()});
 

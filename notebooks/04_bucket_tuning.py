@@ -36,8 +36,10 @@ STEPS = 1  # training steps first, so every sync moves real, changed weights
 INTERACTIVE = False
 
 # %% tags=["validate"]
+from labkit.sync.config import SyncConfig
+
 nb.check_params(globals(), {
-    "TRANSPORT": nb.Choice("colocated", "distributed"), "MIN_MB": nb.Float(0.001, 1024),
+    "TRANSPORT": nb.Choice.of(SyncConfig, "transport", exclude=("per-tensor",)), "MIN_MB": nb.Float(0.001, 1024),
     "MAX_MB": nb.Float(0.001, 4096), "MEMORY_BUDGET_MB": nb.Float(0.002, 65536), "PER_OCTAVE": nb.Int(1, 4),
     "REPEATS": nb.Int(1, 20), "MAX_TRIALS": nb.Int(1, 32), "STEPS": nb.Int(0, 100), "INTERACTIVE": nb.Bool()});
 if MIN_MB > MAX_MB:
@@ -88,8 +90,7 @@ nb.record(final)
 if INTERACTIVE:
     from labkit.workbench.widgets import sync_explorer
 
-    explorer = sync_explorer(wb, transports=("colocated", "distributed", "per-tensor"),
-                             sizes_mb=[s / MB for s in sizes], value_mb=best["best_bucket_bytes"] / MB)
+    explorer = sync_explorer(wb, sizes_mb=[s / MB for s in sizes], value_mb=best["best_bucket_bytes"] / MB)
 
 # %%
 if not INTERACTIVE:  # interactive sessions keep the workbench for the controls above

@@ -16,16 +16,16 @@ import types
 import torch
 from torch.overrides import TorchFunctionMode
 
-SUPPORTED_MEGATRON = ("0.16.1",)
+from labkit.compat import SUPPORTED, check_version
+
+SUPPORTED_MEGATRON = SUPPORTED["megatron-core"][0]
 _applied: list[str] = []
 
 
-def check_megatron_version(version: str) -> None:
-    if version not in SUPPORTED_MEGATRON:
-        raise RuntimeError(
-            f"labkit's CPU compat layer was written for megatron-core {', '.join(SUPPORTED_MEGATRON)}, "
-            f"found megatron-core {version!r}; install the pinned version (see requirements.txt) or run on a GPU"
-        )
+def check_megatron_version(version: str | None = None) -> str:
+    """Refuse a megatron-core other than the one these shims were checked against (default: the installed one,
+    read from metadata, so a mismatch is named before megatron is imported)."""
+    return check_version("megatron-core", version)
 
 
 def active() -> list[str]:
@@ -114,13 +114,12 @@ def apply() -> list[str]:
     """Switch on every Megatron CPU shim; a no-op where CUDA is present or when already applied."""
     if not needed() or _applied:
         return active()
+    check_megatron_version()  # before anything is patched or imported: a mismatch is named, not hit in a patch
     from labkit.compat import cuda_only
 
     cuda_only.apply()
     _applied.append("cuda_only_imports")
-    import megatron.core
-
-    check_megatron_version(megatron.core.__version__)
+    import megatron.core  # noqa: F401
 
     # Device queries used as *device arguments* (RoPE inv_freq, MTP tracker, TP buffers, memory buffer).
     torch.cuda.current_device = lambda: torch.device("cpu")

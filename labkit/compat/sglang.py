@@ -21,7 +21,9 @@ import os
 import sys
 from pathlib import Path
 
-SUPPORTED_SGLANG = ("0.5.23",)
+from labkit.compat import SUPPORTED, check_version
+
+SUPPORTED_SGLANG = SUPPORTED["sglang"][0]
 PLACEHOLDER_DIR = str(Path(__file__).resolve().parent / "sglang_cpu")
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIXES = ("sglang_loads_", "sem.mp-")
@@ -30,19 +32,7 @@ _applied: list[str] = []
 
 def check_sglang_version(version: str | None = None) -> str:
     """Refuse an SGLang other than the one these shims were checked against (read from metadata, no import)."""
-    if version is None:
-        from importlib import metadata
-
-        try:
-            version = metadata.version("sglang")
-        except metadata.PackageNotFoundError:
-            raise RuntimeError("sglang is not installed; install the pinned stack (requirements.txt)") from None
-    if version not in SUPPORTED_SGLANG:
-        raise RuntimeError(
-            f"labkit's SGLang layer was written for sglang {', '.join(SUPPORTED_SGLANG)}, found sglang {version!r}; "
-            "install the pinned version (see requirements.txt)"
-        )
-    return version
+    return check_version("sglang", version)
 
 
 def needed() -> bool:

@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
-DTYPES = ("auto", "float32", "bfloat16")
-# SGLang sizes a CPU engine's KV cache from free RAM when neither sizing field is given: measured 30.2M
-# tokens / 14.4 GB for the 64-hidden tiny model on this 23 GB box. On CPU we cap it unless told otherwise.
+from labkit.config import check, check_choice
+
+Dtype = Literal["auto", "float32", "bfloat16"]
+LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+PauseMode = Literal["abort", "retract", "in_place"]  # SGLang's PauseGenerationReqInput.mode
+SpecAlgorithm = Literal["NEXTN", "EAGLE"]  # NEXTN: SGLang's spelling for a model's own MTP layer as the draft
+DTYPES, LOG_LEVELS, PAUSE_MODES, SPEC_ALGORITHMS = (get_args(t) for t in (Dtype, LogLevel, PauseMode, SpecAlgorithm))
+# SGLang sizes a CPU engine's KV cache from free RAM when neither sizing field is given (about 30M tokens,
+# 14 GB, for the tiny model on a 23 GB box). On CPU we cap it unless told otherwise.
 CPU_DEFAULT_MAX_TOTAL_TOKENS = 16384
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-PAUSE_MODES = ("abort", "retract", "in_place")  # SGLang's PauseGenerationReqInput.mode
 
 
-def _bad(field: str, value, allowed: str) -> ValueError:
-    return ValueError(f"EngineConfig.{field}={value!r} is invalid: expected {allowed}")
-
-
-SPEC_ALGORITHMS = ("NEXTN", "EAGLE")  # NEXTN: SGLang's spelling for a model's own MTP layer as the draft (EAGLE worker)
+def _pos_int(label: str, v, allowed: str = "a positive int") -> None:
+    check(_is_int(v) and v >= 1, label, v, allowed)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -27,23 +29,28 @@ class SpeculativeConfig:
     Defaults are MiMo's own recipe (1 step, top-1, 2 draft tokens = 1 draft + the bonus token); verl's MTP
     rollouts use steps 2, top-k 2, draft tokens 4. Sync the draft with the trainer: `SyncConfig(selector="all")`
     (the default) updates target and draft in the same weight-update session.
+    Field names are SGLang's `speculative_*` server arguments: `num_draft_tokens` counts the verified token
+    too (k + 1 for a top-1 chain of k drafts), unlike the k (`draft_len`) of `labkit.mtp.acceptance`.
     """
 
-    algorithm: str = "NEXTN"
+    algorithm: SpecAlgorithm = "NEXTN"
+    """SGLang's speculative_algorithm (NEXTN: the model's own MTP layer as the draft)."""
     num_steps: int = 1
+    """SGLang's speculative_num_steps: draft steps per verify (k for a top-1 chain)."""
     eagle_topk: int = 1
+    """SGLang's speculative_eagle_topk: branches per draft step."""
     num_draft_tokens: int = 2
-    draft_model_path: str | None = None  # None: the target's directory (MiMo/DeepSeek ship the MTP layer there)
+    """SGLang's speculative_num_draft_tokens: k + 1 for a top-1 chain (the drafts plus the verified token)."""
+    draft_model_path: str | None = None
+    """None: the target's directory (MiMo/DeepSeek ship the MTP layer there)."""
 
     def __post_init__(self):
-        if self.algorithm not in SPEC_ALGORITHMS:
-            raise _bad("speculative.algorithm", self.algorithm, f"one of {', '.join(SPEC_ALGORITHMS)}")
+        check_choice(self, "algorithm", "EngineConfig.speculative.algorithm")
         for f in ("num_steps", "eagle_topk", "num_draft_tokens"):
-            if not (_is_int(getattr(self, f)) and getattr(self, f) >= 1):
-                raise _bad(f"speculative.{f}", getattr(self, f), "a positive int")
-        if self.eagle_topk == 1 and self.num_draft_tokens != self.num_steps + 1:
-            raise _bad("speculative.num_draft_tokens", self.num_draft_tokens,
-                       f"num_steps + 1 = {self.num_steps + 1} for a top-1 chain")
+            _pos_int(f"EngineConfig.speculative.{f}", getattr(self, f))
+        check(self.eagle_topk != 1 or self.num_draft_tokens == self.num_steps + 1,
+              "EngineConfig.speculative.num_draft_tokens", self.num_draft_tokens,
+              f"num_steps + 1 = {self.num_steps + 1} for a top-1 chain")
 
     def sglang_kwargs(self, model_dir: str) -> dict:
         return {"speculative_algorithm": self.algorithm, "speculative_num_steps": self.num_steps,
@@ -61,46 +68,53 @@ class EngineConfig:
     """
 
     model_dir: str
-    dtype: str = "auto"  # "auto": config.json's torch_dtype; float32 runs on CPU (needed for bitwise checks)
+    """HF model directory the engine loads."""
+    dtype: Dtype = "auto"
+    """auto: config.json's torch_dtype; float32 runs on CPU (needed for bitwise checks)."""
     mem_fraction_static: float | None = None
+    """SGLang's mem_fraction_static (None: SGLang's default)."""
     max_total_tokens: int | None = None
-    tp: int = 1  # CPU engines run TP=1 (checked at start, where the device is known)
+    """SGLang's KV-cache size in tokens (None: SGLang's default; CPU_DEFAULT_MAX_TOTAL_TOKENS on CPU)."""
+    tp: int = 1
+    """SGLang tensor parallelism (CPU engines run TP=1, checked at start where the device is known)."""
     random_seed: int = 0
+    """SGLang's sampling seed."""
     url: str | None = None
-    # labkit/MiMo model dirs resolve `model_type: mimo` through configuration_mimo.py shipped beside
-    # config.json (auto_map), which transformers loads only with trust_remote_code.
+    """None: an in-process engine in a Ray actor; an http(s):// URL: a running SGLang server."""
     trust_remote_code: bool = True
-    log_level: str = "error"
-    start_timeout_s: float = 300.0  # engine/server start-up, incl. SGLang's imports (~20-40 s on 2 CPU cores)
-    call_timeout_s: float = 120.0  # every other call; nothing waits forever
-    speculative: SpeculativeConfig | None = None  # the MTP draft in SGLang (GPU only)
+    """labkit/MiMo model dirs resolve `model_type: mimo` through configuration_mimo.py beside config.json
+    (auto_map), which transformers loads only with trust_remote_code."""
+    log_level: LogLevel = "error"
+    """SGLang's log level."""
+    start_timeout_s: float = 300.0
+    """Engine/server start-up, incl. SGLang's imports (~20-40 s on 2 CPU cores)."""
+    call_timeout_s: float = 120.0
+    """Every other engine call: nothing waits forever."""
+    speculative: SpeculativeConfig | None = None
+    """The MTP draft in SGLang (GPU only)."""
 
     def __post_init__(self):
-        if not isinstance(self.model_dir, str) or not self.model_dir:
-            raise _bad("model_dir", self.model_dir, "a non-empty path string (an HF model directory)")
-        if self.dtype not in DTYPES:
-            raise _bad("dtype", self.dtype, f"one of {', '.join(DTYPES)}")
-        if self.mem_fraction_static is not None and not (isinstance(self.mem_fraction_static, (int, float))
-                                                         and 0.0 < self.mem_fraction_static <= 1.0):
-            raise _bad("mem_fraction_static", self.mem_fraction_static, "None or a float in (0, 1]")
-        if self.max_total_tokens is not None and not (_is_int(self.max_total_tokens) and self.max_total_tokens > 0):
-            raise _bad("max_total_tokens", self.max_total_tokens, "None or a positive int")
-        if not (_is_int(self.tp) and self.tp >= 1):
-            raise _bad("tp", self.tp, "a positive int (1 on CPU)")
-        if not _is_int(self.random_seed):
-            raise _bad("random_seed", self.random_seed, "an int")
-        if self.url is not None and not (isinstance(self.url, str) and self.url.startswith(("http://", "https://"))):
-            raise _bad("url", self.url, "None (in-process engine in a Ray actor) or an http(s):// URL")
-        if not isinstance(self.trust_remote_code, bool):
-            raise _bad("trust_remote_code", self.trust_remote_code, "a bool")
-        if self.log_level not in LOG_LEVELS:
-            raise _bad("log_level", self.log_level, f"one of {', '.join(LOG_LEVELS)}")
-        if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
-            raise _bad("speculative", self.speculative, "None or a SpeculativeConfig")
+        check(isinstance(self.model_dir, str) and bool(self.model_dir), "EngineConfig.model_dir", self.model_dir,
+              "a non-empty path string (an HF model directory)")
+        check_choice(self, "dtype", "EngineConfig.dtype")
+        check(self.mem_fraction_static is None or (isinstance(self.mem_fraction_static, (int, float))
+                                                   and 0.0 < self.mem_fraction_static <= 1.0),
+              "EngineConfig.mem_fraction_static", self.mem_fraction_static, "None or a float in (0, 1]")
+        if self.max_total_tokens is not None:
+            _pos_int("EngineConfig.max_total_tokens", self.max_total_tokens, "None or a positive int")
+        _pos_int("EngineConfig.tp", self.tp, "a positive int (1 on CPU)")
+        check(_is_int(self.random_seed), "EngineConfig.random_seed", self.random_seed, "an int")
+        check(self.url is None or (isinstance(self.url, str) and self.url.startswith(("http://", "https://"))),
+              "EngineConfig.url", self.url, "None (in-process engine in a Ray actor) or an http(s):// URL")
+        check(isinstance(self.trust_remote_code, bool), "EngineConfig.trust_remote_code", self.trust_remote_code,
+              "a bool")
+        check_choice(self, "log_level", "EngineConfig.log_level")
+        check(self.speculative is None or isinstance(self.speculative, SpeculativeConfig), "EngineConfig.speculative",
+              self.speculative, "None or a SpeculativeConfig")
         for f in ("start_timeout_s", "call_timeout_s"):
             v = getattr(self, f)
-            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0):
-                raise _bad(f, v, "a positive number of seconds")
+            check(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0, f"EngineConfig.{f}", v,
+                  "a positive number of seconds")
 
     def sglang_kwargs(self, device: str) -> dict:
         """Keyword arguments for `sglang.Engine` (names of SGLang's ServerArgs)."""

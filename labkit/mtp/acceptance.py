@@ -1,7 +1,8 @@
 """How often the MTP draft's tokens are accepted: from counters, in theory, offline, and from SGLang. Pure math.
 
-Definitions follow SGLang (`TokenizerManager._calculate_spec_decoding_metrics`), with k = drafts per verify step
-(SGLang's `speculative_num_steps` = `speculative_num_draft_tokens - 1` for a top-1 chain):
+Definitions follow SGLang (`TokenizerManager._calculate_spec_decoding_metrics`), with k = `draft_len` = drafts
+per verify step. That is SGLang's `speculative_num_steps` for a top-1 chain, NOT its `speculative_num_draft_tokens`,
+which counts the verified token too (k + 1; `labkit.engine.config.SpeculativeConfig.num_draft_tokens`):
   accept_length = completion_tokens / verify_ct        tokens per target forward, bonus token included
   accept_rate   = correct_drafts / (verify_ct * k)      strict: drafts only, no bonus
   accept_rate_pos_i = P(draft i accepted | drafts < i accepted)
@@ -22,9 +23,9 @@ def _count(name: str, value: object) -> None:
     check(isinstance(value, int) and not isinstance(value, bool) and value >= 0, name, value, "an integer >= 0")
 
 
-def _k(value: object) -> None:
-    check(isinstance(value, int) and not isinstance(value, bool) and value >= 1, "num_draft_tokens", value,
-          "an integer >= 1 (drafts per verify step)")
+def _k(value: object, name: str = "draft_len") -> None:
+    check(isinstance(value, int) and not isinstance(value, bool) and value >= 1, name, value,
+          "an integer >= 1 (k, drafts per verify step; SGLang's speculative_num_draft_tokens is k + 1)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +45,7 @@ class Counters:
     pos_proposed: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        _k(self.k)
+        _k(self.k, "k")
         for f in ("verify_ct", "completion_tokens", "correct_drafts"):
             _count(f, getattr(self, f))
         check(self.correct_drafts <= self.verify_ct * self.k, "correct_drafts", self.correct_drafts,
@@ -86,15 +87,16 @@ def _ratio(num: float, den: float) -> float:
     return num / den if den else math.nan  # nothing was verified: the rate is undefined, not 0
 
 
-def from_counters(verify_ct: int, completion_tokens: int, correct_drafts: int, num_draft_tokens: int,
+def from_counters(verify_ct: int, completion_tokens: int, correct_drafts: int, draft_len: int,
                   per_position: Sequence[tuple[int, int]] | None = None) -> dict:
     """{mtp/accept_length, mtp/accept_rate, mtp/accept_rate_pos_{i} (when per_position is given), mtp/verify_ct}.
 
-    num_draft_tokens: k, drafts per verify step. per_position: k pairs (accepted, proposed). Ratios over zero
-    verify steps are NaN.
+    draft_len: k, drafts per verify step (not SGLang's speculative_num_draft_tokens, which is k + 1).
+    per_position: k pairs (accepted, proposed). Ratios over zero verify steps are NaN.
     """
     pairs = list(per_position or ())
-    c = Counters(k=num_draft_tokens, verify_ct=verify_ct, completion_tokens=completion_tokens,
+    _k(draft_len)
+    c = Counters(k=draft_len, verify_ct=verify_ct, completion_tokens=completion_tokens,
                  correct_drafts=correct_drafts, pos_accepted=tuple(a for a, _ in pairs),
                  pos_proposed=tuple(p for _, p in pairs))
     out = {"mtp/accept_length": _ratio(c.completion_tokens, c.verify_ct),
@@ -219,23 +221,23 @@ def _positions_from_histogram(hist: Sequence[int], k: int) -> tuple[tuple[int, .
     return tuple(at_least[1:]), tuple(at_least[:-1])
 
 
-def parse_sglang_meta(meta_infos: Sequence[dict], num_draft_tokens: int) -> dict:
+def parse_sglang_meta(meta_infos: Sequence[dict], draft_len: int) -> dict:
     """The `from_counters` dict from SGLang's per-request meta_info (summed over requests).
 
     Reads spec_verify_ct, completion_tokens, spec_num_correct_drafts (or spec_accept_rate), and
     spec_correct_drafts_histogram for the per-position rates when every verified request has one. Requests
     without spec_verify_ct (SGLang drops the keys when a request finished at prefill) add their tokens only.
     """
-    _k(num_draft_tokens)
-    k, total, any_verified = num_draft_tokens, None, False
+    _k(draft_len)
+    k, total, any_verified = draft_len, None, False
     for i, m in enumerate(meta_infos):
         _count(f"meta_infos[{i}]['completion_tokens']", m.get("completion_tokens"))
         ct = m.get("spec_verify_ct", 0)
         _count(f"meta_infos[{i}]['spec_verify_ct']", ct)
         proposed = m.get("spec_num_proposed_drafts")
-        check(proposed is None or proposed == ct * k, "num_draft_tokens", k,
+        check(proposed is None or proposed == ct * k, "draft_len", k,
               f"the engine's drafts per step: meta_infos[{i}] has spec_num_proposed_drafts={proposed} over "
-              f"spec_verify_ct={ct} (pass speculative_num_steps = speculative_num_draft_tokens - 1)")
+              f"spec_verify_ct={ct} (pass draft_len = speculative_num_steps = speculative_num_draft_tokens - 1)")
         if "spec_num_correct_drafts" in m:
             correct = m["spec_num_correct_drafts"]
         elif "spec_accept_rate" in m:

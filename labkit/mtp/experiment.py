@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from typing import Literal, get_args
 
-from labkit.config import check
+from labkit.config import TrainConfig, check
 from labkit.mtp.rl import RLConfig
 
-ARMS = ("frozen", "trained", "unsynced")
+Arm = Literal["frozen", "trained", "unsynced"]
+ARMS = get_args(Arm)
 DRAFT_LAYERS = (".mtp_layers.",)  # HF names of the draft's own layers (MiMo naming)
 DRAFT_SHARED = ("model.embed_tokens.weight", "lm_head.weight")  # what a separate draft model holds a copy of
 
@@ -30,8 +32,8 @@ DRAFT_SHARED = ("model.embed_tokens.weight", "lm_head.weight")  # what a separat
 @dataclass(kw_only=True, slots=True, frozen=True)
 class ExperimentConfig:
     steps: int = 60
-    arms: tuple[str, ...] = ARMS
-    k: int = 1  # draft tokens per verify
+    arms: tuple[Arm, ...] = ARMS
+    k: int = 1  # drafts per verify step (draft_len; SGLang: speculative_num_steps, its num_draft_tokens is k + 1)
     spec_temperature: float = 1.0  # the rollout temperature: what RL serves
     eval_prompts: int = 256
     seed: int = 0
@@ -87,16 +89,15 @@ def speculate(model_dir: str | None = None, *, k: int = 2, temperature: float = 
 def run_arm(arm: str, engine, placement, model_dir: str, cfg: ExperimentConfig, progress: bool = True) -> list[dict]:
     from tqdm.auto import tqdm
 
-    from labkit.config import ParallelSpec, TrainConfig
+    from labkit.config import ParallelSpec
     from labkit.models.tokenizer import encode
     from labkit.mtp import rl
     from labkit.sync import SyncConfig, sync
     from labkit.tasks import arith
     from labkit.trainer.group import Trainer
 
-    scale = 0.0 if arm == "frozen" else cfg.rl.mtp_loss_scale
-    train = TrainConfig(lr=cfg.rl.lr, mtp_loss_scale=scale, mtp_detach=True, mtp_target=cfg.rl.mtp_target,
-                        mtp_lr_mult=cfg.rl.mtp_lr_mult, seed=1234 + cfg.seed)
+    scale = 0.0 if arm == "frozen" else cfg.rl.train.mtp_loss_scale
+    train = replace(cfg.rl.train, mtp_loss_scale=scale, seed=1234 + cfg.seed)
     trainer = Trainer(model_dir, ParallelSpec(), train, placement=placement)
     rows = []
     try:
@@ -187,7 +188,9 @@ def run(cfg: ExperimentConfig | None = None, *, quick: bool = False, model_dir: 
 
 
 def with_overrides(cfg: ExperimentConfig, **kw) -> ExperimentConfig:
-    """CLI/notebook overrides: RLConfig fields go to cfg.rl, the rest to cfg; None means keep."""
+    """CLI/notebook overrides: TrainConfig fields go to cfg.rl.train, RLConfig's to cfg.rl, the rest to cfg;
+    None means keep."""
     kw = {k: v for k, v in kw.items() if v is not None}
+    train = {k: kw.pop(k) for k in list(kw) if k in TrainConfig.__dataclass_fields__ and k != "seed"}
     rl_fields = {k: kw.pop(k) for k in list(kw) if k in RLConfig.__dataclass_fields__}
-    return replace(cfg, **kw, rl=replace(cfg.rl, **rl_fields))
+    return replace(cfg, **kw, rl=replace(cfg.rl, **rl_fields, train=replace(cfg.rl.train, **train)))

@@ -183,7 +183,8 @@ class Speculator:
 
     def generate(self, prompts: list[list[int]], k: int, temperature: float, max_new_tokens: int, seed: int = 0,
                  eos_id: int = EOS, progress: bool = True) -> dict:
-        """Speculative decoding with the MTP draft, k drafts per verify step.
+        """Speculative decoding with the MTP draft, k drafts per verify step (`draft_len` in labkit.mtp.acceptance;
+        SGLang's speculative_num_steps, not its speculative_num_draft_tokens = k + 1).
 
         Returns {"requests": [per request: output_ids, completion_tokens and SGLang's spec_* counters],
         "metrics": {mtp/accept_length, mtp/accept_rate, mtp/accept_rate_pos_{i}, mtp/verify_ct} over all}.

@@ -4,33 +4,55 @@ check its flags before anything heavy is imported)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
-from labkit.config import check
-from labkit.engine.config import PAUSE_MODES
+from labkit.config import check, check_choice
+from labkit.engine.config import PauseMode
 
 MB = 1 << 20
-TRANSPORTS = ("per-tensor", "colocated", "distributed")
+Transport = Literal["per-tensor", "colocated", "distributed"]
+Verify = Literal["checksum", "full", "none"]
+Selector = Literal["all", "target", "draft"]  # SGLang's weight selector
+TRANSPORTS = get_args(Transport)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class SyncConfig:
-    transport: str = "colocated"
+    """One trainer -> engine weight sync. `stage_dir` is internal plumbing (labkit.sync.atomic sets it on its
+    own copy of the config); leave it None."""
+
+    transport: Transport = "colocated"
+    """How weights travel: per-tensor (one call per tensor, the baseline), colocated (flattened buckets through
+    shared memory), distributed (flattened buckets broadcast over a torch.distributed group)."""
     bucket_mb: float = 64.0
-    memory_budget_mb: float | None = None  # refuse buckets whose double-buffered footprint exceeds this
-    verify: str = "checksum"  # "checksum" (cheap, default) | "full" (element-wise) | "none"
-    selector: str = "all"  # SGLang selector: target, draft or all (MTP draft weights ride along)
+    """Flattened bucket size in MiB."""
+    memory_budget_mb: float | None = None
+    """Refuse buckets whose double-buffered footprint exceeds this many MiB (None: no budget)."""
+    verify: Verify = "checksum"
+    """checksum (cheap, default), full (element-wise) or none (refused by the atomic guard)."""
+    selector: Selector = "all"
+    """SGLang selector: target, draft or all (MTP draft weights ride along)."""
     overlap: bool = True
+    """Pack the next bucket while the engine applies the current one."""
     progress: bool = True
-    release_kv_cache: bool | None = None  # None: on where CUDA is present (SGLang cannot release on CPU)
-    atomic: bool = True  # labkit.sync.sync(): land completely or restore the last good weights (sync.atomic)
-    timeout_s: float = 120.0  # the longest single wait: engine call, rendezvous, broadcast
-    deadline_s: float = 600.0  # the whole sync (atomic): a trainer still busy then is killed, the engine restored
-    stage_dir: str | None = None  # write a host copy of what is sent here (set by sync.atomic)
-    unsafe_skip_verify: bool = False  # let the atomic guard serve (and keep as rollback) verify="none" weights
-    pause_mode: str = "abort"  # atomic syncs: SGLang's pause mode (abort, retract, in_place; labkit.workbench.serve_sync)
+    """Show a progress bar."""
+    release_kv_cache: bool | None = None
+    """None: on where CUDA is present (SGLang cannot release on CPU)."""
+    atomic: bool = True
+    """labkit.sync.sync(): land completely or restore the last good weights (labkit.sync.atomic)."""
+    timeout_s: float = 120.0
+    """The longest single wait: engine call, rendezvous, broadcast."""
+    deadline_s: float = 600.0
+    """The whole sync (atomic): a trainer still busy then is killed, the engine restored."""
+    stage_dir: str | None = None
+    """Internal: where the session writes a host copy of what it sends (set by labkit.sync.atomic)."""
+    unsafe_skip_verify: bool = False
+    """Let the atomic guard serve (and keep as rollback) verify="none" weights."""
+    pause_mode: PauseMode = "abort"
+    """Atomic syncs: SGLang's pause mode (abort, retract; in_place is refused; labkit.workbench.serve_sync)."""
 
     def __post_init__(self) -> None:
-        check(self.transport in TRANSPORTS, "transport", self.transport, f"one of {', '.join(TRANSPORTS)}")
+        check_choice(self, "transport")
         check(isinstance(self.bucket_mb, (int, float)) and not isinstance(self.bucket_mb, bool) and self.bucket_mb > 0,
               "bucket_mb", self.bucket_mb, "a positive number of MiB")
         if self.memory_budget_mb is not None:
@@ -38,8 +60,8 @@ class SyncConfig:
                   "memory_budget_mb", self.memory_budget_mb, "a positive number of MiB or None")
             check(2 * self.bucket_mb <= self.memory_budget_mb, "bucket_mb", self.bucket_mb,
                   f"at most half the memory budget ({self.memory_budget_mb} MiB): two buckets are in flight")
-        check(self.verify in ("checksum", "full", "none"), "verify", self.verify, "checksum, full or none")
-        check(self.selector in ("all", "target", "draft"), "selector", self.selector, "all, target or draft")
+        check_choice(self, "verify")
+        check_choice(self, "selector")
         check(isinstance(self.atomic, bool), "atomic", self.atomic, "True or False")
         check(isinstance(self.unsafe_skip_verify, bool), "unsafe_skip_verify", self.unsafe_skip_verify,
               "True or False")
@@ -47,7 +69,7 @@ class SyncConfig:
             raise ValueError("verify='none' is refused by the atomic guard (atomic=True): it would serve, and keep as "
                              "the rollback target, weights nobody checked; pass unsafe_skip_verify=True to serve "
                              "unverified weights, or atomic=False to measure the bare transport")
-        check(self.pause_mode in PAUSE_MODES, "pause_mode", self.pause_mode, ", ".join(PAUSE_MODES))
+        check_choice(self, "pause_mode")
         if self.atomic and self.pause_mode == "in_place":
             raise ValueError("pause_mode='in_place' is refused by the atomic guard (atomic=True): SGLang leaves "
                              "running requests in place with KV computed by the old weights, so their remaining "

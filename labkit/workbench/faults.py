@@ -59,13 +59,22 @@ _FAULTS = {
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class FaultsConfig:
-    trials: int = 33  # three rounds of the eleven kinds
+    """`labkit faults`: how many trials, and the sync settings each trial runs under."""
+
+    trials: int = 33
+    """Number of trials: three rounds of the eleven kinds."""
     seed: int = 0
-    quick: bool = False  # only faults that restart nothing (tests)
-    bucket_mb: float = 0.05  # small buckets: many points inside one sync of the tiny model
-    timeout_s: float = 6.0  # any single wait of a sync
-    deadline_s: float = 15.0  # a whole sync (the tiny model takes 1-5 s on 2 loaded cores); finds a hung peer
+    """Seed of the trial plan (kinds, points, transports)."""
+    quick: bool = False
+    """Only the faults that restart nothing (tests)."""
+    bucket_mb: float = 0.05
+    """Small buckets: many points inside one sync of the tiny model."""
+    timeout_s: float = 6.0
+    """Any single wait of a sync."""
+    deadline_s: float = 15.0
+    """A whole sync (the tiny model takes 1-5 s on 2 loaded cores); finds a hung peer."""
     progress: bool = True
+    """Show a progress bar."""
 
     def __post_init__(self) -> None:
         for f in ("trials", "seed"):

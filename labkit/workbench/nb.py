@@ -14,6 +14,8 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 
+from labkit.config import choices
+
 _METRICS: dict = {}
 
 
@@ -86,6 +88,11 @@ class Choice:
     def __init__(self, *values):
         object.__setattr__(self, "values", values)
 
+    @classmethod
+    def of(cls, config: type, field: str, exclude: tuple = ()):
+        """The values a config's `Literal` field allows (less `exclude`): a notebook restates none of them."""
+        return cls(*(c for c in choices(config, field) if c is not None and c not in exclude))
+
     def ok(self, v) -> bool:
         return any(v == c and type(v) is type(c) for c in self.values)
 
@@ -119,6 +126,8 @@ class Subset:
 
     def __init__(self, *values):
         object.__setattr__(self, "values", values)
+
+    of = classmethod(Choice.of.__func__)
 
     def ok(self, v) -> bool:
         items = v.split(",") if isinstance(v, str) else []

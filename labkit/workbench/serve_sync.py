@@ -21,32 +21,48 @@ import threading
 import time
 from dataclasses import dataclass
 
-from labkit.config import check
-from labkit.engine.config import PAUSE_MODES
+from typing import Literal, get_args
+
+from labkit.config import check, check_choice
+from labkit.engine.config import PAUSE_MODES, PauseMode
 
 MODES = PAUSE_MODES
 OUTCOMES = ("ok", "spanned", "aborted", "mixed")
-BACKENDS = ("http", "actor")
+Backend = Literal["http", "actor"]
+BACKENDS = get_args(Backend)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class ServeBenchConfig:
-    modes: tuple = MODES
-    syncs: int = 3  # train-step + atomic sync per mode
-    clients: int = 4  # client threads
-    max_requests: int = 200  # per mode
-    max_seconds: float = 60.0  # per mode: the clients stop by themselves
+    """`labkit bench serve-sync`: what runs per pause mode."""
+
+    modes: tuple[PauseMode, ...] = MODES
+    """SGLang pause modes to run, one after the other."""
+    syncs: int = 3
+    """Train-step + atomic sync per pause mode."""
+    clients: int = 4
+    """Client threads streaming requests."""
+    max_requests: int = 200
+    """Requests per pause mode at most."""
+    max_seconds: float = 60.0
+    """Per mode: the clients stop by themselves."""
     prompts: int = 8
-    max_new_tokens: int = 16  # ignore_eos: every response has this length
-    bucket_mb: float = 0.05  # small buckets: a sync long enough to overlap requests
-    timeout_s: float = 30.0  # one engine call / one wait
-    lr: float = 2e-2  # the trainer's: syncs must change greedy outputs (serve/prompts_changed_*)
-    backend: str = "http"  # "http": an SGLang server (pause modes apply); "actor": Workbench's Ray actor engine
+    """Distinct prompts the clients cycle through."""
+    max_new_tokens: int = 16
+    """ignore_eos: every response has this length."""
+    bucket_mb: float = 0.05
+    """Small buckets: a sync long enough to overlap requests."""
+    timeout_s: float = 30.0
+    """One engine call / one wait."""
+    lr: float = 2e-2
+    """The trainer's: syncs must change greedy outputs (serve/prompts_changed_*)."""
+    backend: Backend = "http"
+    """http (an SGLang server; pause modes apply) or actor (Workbench's Ray actor engine)."""
 
     def __post_init__(self) -> None:
         check(isinstance(self.modes, tuple) and self.modes and all(m in MODES for m in self.modes), "modes",
               self.modes, f"a non-empty tuple of {', '.join(MODES)}")
-        check(self.backend in BACKENDS, "backend", self.backend, " or ".join(BACKENDS))
+        check_choice(self, "backend")
         for f in ("syncs", "clients", "max_requests", "prompts", "max_new_tokens"):
             v = getattr(self, f)
             check(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f, v, "an integer >= 1")

@@ -8,10 +8,15 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from labkit.config import choices
+from labkit.sync.config import SyncConfig
+from labkit.workbench import viz
 
-def sync_explorer(wb, transports=("colocated", "distributed", "per-tensor"),
+
+def sync_explorer(wb, transports: tuple[str, ...] | None = None,
                   sizes_mb=(0.0625, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 16.0, 64.0), value_mb: float = 1.0):
     """Transport dropdown + bucket-size slider + Run button; each run adds a bar to a per-phase timing figure.
+    `transports` None: every transport `SyncConfig` allows, its default first.
 
     Returns a namespace: `runs` (each run's metrics, growing as the button is pressed), the controls
     (`transport`, `bucket`, `button`, `status`) and `ui`, the box on screen.
@@ -19,9 +24,9 @@ def sync_explorer(wb, transports=("colocated", "distributed", "per-tensor"),
     import ipywidgets as W
     from IPython.display import display
 
-    from labkit.workbench import viz
-    from labkit.sync.config import SyncConfig
-
+    if transports is None:
+        first = SyncConfig().transport
+        transports = (first, *(t for t in choices(SyncConfig, "transport") if t != first))
     sizes = sorted(sizes_mb)
     value = min(sizes, key=lambda s: abs(s - value_mb))
     transport = W.Dropdown(options=list(transports), description="transport")

@@ -95,7 +95,7 @@ def test_sglang_mtp_draft_engine_reports_spec_counters():
         finally:
             eng.shutdown()
     assert [o["tokens"] for o in out["mtp"]] == [o["tokens"] for o in out["plain"]]
-    m = parse_sglang_meta([o["meta_info"] for o in out["mtp"]], num_draft_tokens=1)
+    m = parse_sglang_meta([o["meta_info"] for o in out["mtp"]], draft_len=1)
     # SGLang's accept length is completion_tokens / spec_verify_ct, and completion_tokens counts the token the
     # prefill emits (no verify step made it). A verify step emits at most k + 1 tokens, so per request
     # tokens <= 1 + (k + 1) * verify_ct; every answer here is a digit + EOS or longer (>= 1 verify step), so

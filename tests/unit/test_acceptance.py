@@ -40,7 +40,7 @@ def test_counters_sum_across_requests_not_average_ratios():
 
 @pytest.mark.parametrize("args,name", [
     ((1, 2, 3, 1), "correct_drafts"), ((2, 1, 0, 1), "completion_tokens"), ((-1, 0, 0, 1), "verify_ct"),
-    ((1, 1, 0, 0), "num_draft_tokens"), ((1, 1.5, 0, 1), "completion_tokens"),
+    ((1, 1, 0, 0), "draft_len"), ((1, 1.5, 0, 1), "completion_tokens"),
 ])
 def test_from_counters_rejects_impossible_counts_naming_them(args, name):
     with pytest.raises(ValueError, match=rf"^{name}="):
@@ -136,14 +136,15 @@ def test_parse_sglang_meta_sums_counters_and_reads_the_histogram():
 
 
 def test_parse_sglang_meta_rejects_bad_input():
-    with pytest.raises(ValueError, match=r"^num_draft_tokens=3 is invalid: .*spec_num_proposed_drafts=8 .*"
+    with pytest.raises(ValueError, match=r"^draft_len=3 is invalid: .*spec_num_proposed_drafts=8 .*"
                                          r"speculative_num_steps"):
         parse_sglang_meta(META, 3)  # SGLang's speculative_num_draft_tokens (k + 1) passed for k
     with pytest.raises(ValueError, match=r"^meta_infos=.* spec_verify_ct > 0 \(is the engine started with"):
         parse_sglang_meta([{"completion_tokens": 5}], 2)
     with pytest.raises(ValueError, match=r"^meta_infos\[0\]=.* spec_num_correct_drafts or spec_accept_rate"):
         parse_sglang_meta([{"completion_tokens": 5, "spec_verify_ct": 2}], 2)
-    with pytest.raises(ValueError, match=r"^num_draft_tokens=0 is invalid"):
+    with pytest.raises(ValueError, match=r"^draft_len=0 is invalid: expected an integer >= 1 \(k, .*"
+                                         r"speculative_num_draft_tokens is k \+ 1"):
         parse_sglang_meta(META, 0)
 
 
@@ -155,5 +156,5 @@ def test_round_starts_follow_the_loop():
     assert round_starts([0.0, 0.0, 0.0], 1) == [1.0, 1.0, 1.0]  # rejected: the next round starts right after
     assert round_starts([0.5, 0.9], 1) == [1.0, 0.5]
     assert round_starts([0.5, 0.5, 0.5], 2) == [1.0, 0.5, 0.5]
-    with pytest.raises(ValueError, match="num_draft_tokens=0"):
+    with pytest.raises(ValueError, match="draft_len=0"):
         round_starts([0.5], 0)

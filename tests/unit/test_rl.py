@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from labkit.config import TrainConfig
 from labkit.mtp.experiment import ExperimentConfig, with_overrides
 from labkit.mtp.rl import RLConfig, advantages, to_batch
 from labkit.trainer.rank import _make_batch
@@ -40,12 +41,18 @@ def test_policy_loss_is_normalised_by_tokens_not_by_the_advantage_sum():
 
 
 @pytest.mark.parametrize("bad, match", [(dict(group=1), "group=1"), (dict(temperature=0.0), "temperature=0.0"),
-                                        (dict(prompts=0), "prompts=0"), (dict(lr=2.0), "lr=2.0"),
-                                        (dict(mtp_lr_mult=0.0), "mtp_lr_mult=0.0"),
-                                        (dict(mtp_target="kl"), "mtp_target='kl'")])
+                                        (dict(prompts=0), "prompts=0"),
+                                        (dict(train=TrainConfig(mtp_detach=False)), "train.mtp_detach=False")])
 def test_rl_config_names_the_bad_value(bad, match):
     with pytest.raises(ValueError, match=match):
         RLConfig(**bad)
+
+
+def test_rl_config_holds_a_train_config_instead_of_repeating_its_fields():
+    repeated = set(RLConfig.__dataclass_fields__) & set(TrainConfig.__dataclass_fields__)
+    assert not repeated, repeated  # lr/MTP settings live in one place: RLConfig.train
+    t = RLConfig().train
+    assert (t.lr, t.mtp_loss_scale, t.mtp_detach, t.mtp_lr_mult, t.mtp_target) == (2e-4, 1.0, True, 5.0, "tokens")
 
 
 @pytest.mark.parametrize("bad, match", [(dict(k=0), "k=0"), (dict(spec_temperature=-1.0), "spec_temperature=-1.0"),
@@ -56,8 +63,11 @@ def test_experiment_config_names_the_bad_value(bad, match):
 
 
 def test_overrides_route_rl_fields():
-    cfg = with_overrides(ExperimentConfig(), steps=3, group=2, lr=None, mtp_lr_mult=2.0)
-    assert cfg.steps == 3 and cfg.rl.group == 2 and cfg.rl.lr == RLConfig().lr and cfg.rl.mtp_lr_mult == 2.0
+    cfg = with_overrides(ExperimentConfig(), steps=3, group=2, lr=None, mtp_lr_mult=2.0, seed=7)
+    assert cfg.steps == 3 and cfg.rl.group == 2 and cfg.rl.train.lr == RLConfig().train.lr
+    assert cfg.rl.train.mtp_lr_mult == 2.0 and cfg.seed == 7 and cfg.rl.train.seed == TrainConfig().seed
+    with pytest.raises(ValueError, match="mtp_target='kl'"):
+        with_overrides(ExperimentConfig(), mtp_target="kl")
 
 
 def test_corrupt_noises_answer_digits_at_the_rate_and_keeps_prompts():

@@ -1,0 +1,111 @@
+"""One field list: allowed values written once (a config's Literal), and the CLI flags and notebook checks read
+from it; config modules stay torch-free."""
+
+import argparse
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from labkit import cli
+from labkit.config import TrainConfig, add_arguments, choices, field_docs
+from labkit.engine.config import EngineConfig, SpeculativeConfig
+from labkit.mtp.experiment import ExperimentConfig
+from labkit.mtp.rl import RLConfig
+from labkit.sync.config import SyncConfig
+from labkit.workbench import nb
+from labkit.workbench.faults import FaultsConfig
+from labkit.workbench.serve_sync import ServeBenchConfig
+
+CONFIGS = (TrainConfig, SyncConfig, EngineConfig, SpeculativeConfig, RLConfig, ServeBenchConfig, FaultsConfig)
+
+
+def test_allowed_values_come_from_the_literal():
+    assert choices(SyncConfig, "transport") == ("per-tensor", "colocated", "distributed")
+    assert choices(SyncConfig, "verify") == ("checksum", "full", "none")
+    assert choices(EngineConfig, "dtype") == ("auto", "float32", "bfloat16")
+    assert choices(TrainConfig, "mtp_target") == ("tokens", "policy")
+    assert choices(ExperimentConfig, "arms") == ("frozen", "trained", "unsynced")  # tuple[Literal, ...]
+    assert choices(SyncConfig, "bucket_mb") == ()
+    with pytest.raises(ValueError, match=r"^transport='pigeon' is invalid: expected one of per-tensor, colocated"):
+        SyncConfig(transport="pigeon")
+    with pytest.raises(ValueError, match=r"^EngineConfig.dtype='fp8' is invalid: expected one of auto, float32"):
+        EngineConfig(model_dir="m", dtype="fp8")
+
+
+@pytest.mark.parametrize("cls", CONFIGS, ids=lambda c: c.__name__)
+def test_every_config_field_has_a_one_line_docstring(cls):
+    docs = field_docs(cls)
+    missing = [f.name for f in dataclasses.fields(cls) if not docs.get(f.name)]
+    assert not missing, f"{cls.__name__}: fields without a docstring: {missing}"
+
+
+def _flag(parser, sub, flag):
+    sp = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[sub]
+    return next(a for a in sp._actions if flag in a.option_strings)
+
+
+def test_cli_flags_are_generated_from_the_configs():
+    p = cli.build_parser()
+    t = _flag(p, "sync", "--transport")
+    assert t.default == SyncConfig().transport and t.metavar == "{per-tensor,colocated,distributed}"
+    assert field_docs(SyncConfig)["transport"] in t.help
+    assert _flag(p, "sync", "--bucket-mb").default == SyncConfig().bucket_mb
+    assert _flag(p, "sync", "--verify").default == "checksum"
+    assert _flag(p, "sync", "--engine-url").default is None and _flag(p, "sync", "--tp").default == 1
+    assert _flag(p, "tune", "--transport").default == "colocated"
+    assert _flag(p, "bench", "--backend").default == "http" and _flag(p, "bench", "--syncs").default == 3
+    mult = _flag(p, "mtp-experiment", "--mtp-lr-mult")
+    assert mult.default is None and "(default: 5.0)" in mult.help  # None keeps RLConfig().train's value
+    args = p.parse_args(["sync", "--transport", "distributed", "--bucket-mb", "2", "--verify", "full"])
+    assert (args.transport, args.bucket_mb, args.verify, args.memory_budget_mb) == ("distributed", 2.0, "full", None)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["sync", "--transport", "pigeon"], "transport='pigeon' is invalid: expected one of per-tensor, colocated"),
+    (["sync", "--bucket-mb", "0"], "bucket_mb='0' is invalid: expected a positive number of MiB"),
+    (["sync", "--bucket-mb", "abc"], "bucket_mb='abc' is invalid: expected a number"),
+    (["sync", "--verify", "none"], "verify='none' is refused by the atomic guard"),
+    (["sync", "--engine-url", "ftp://x"], "url='ftp://x' is invalid"),
+    (["tune", "--transport", "x"], "transport='x' is invalid"),
+    (["bench", "serve-sync", "--backend", "grpc"], "backend='grpc' is invalid: expected one of http, actor"),
+    (["mtp-experiment", "--mtp-target", "kl"], "mtp_target='kl' is invalid: expected one of tokens, policy"),
+])
+def test_bad_flags_fail_at_parse_time_naming_the_field(argv, needle, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.build_parser().parse_args(argv)
+    assert e.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_add_arguments_keeps_a_cross_field_rule_for_the_constructor():
+    p = argparse.ArgumentParser()
+    add_arguments(p, SyncConfig, ("bucket_mb", "memory_budget_mb"))
+    a = p.parse_args(["--memory-budget-mb", "100"])  # vs the default bucket: the constructor names bucket_mb
+    with pytest.raises(ValueError, match="^bucket_mb=64.0"):
+        SyncConfig(bucket_mb=a.bucket_mb, memory_budget_mb=a.memory_budget_mb)
+
+
+def test_notebook_choices_come_from_the_configs():
+    assert nb.Choice.of(SyncConfig, "transport").values == choices(SyncConfig, "transport")
+    assert nb.Choice.of(SyncConfig, "verify", exclude=("none",)).values == ("checksum", "full")
+    assert nb.Subset.of(ExperimentConfig, "arms").ok("trained,frozen")
+    with pytest.raises(ValueError, match="TRANSPORT='carrier-pigeon' is invalid: expected one of 'per-tensor'"):
+        nb.check_params({"TRANSPORT": "carrier-pigeon"}, {"TRANSPORT": nb.Choice.of(SyncConfig, "transport")})
+
+
+def test_notebooks_restate_no_allowed_values():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "notebooks"
+    for py in sorted(root.glob("*.py")):
+        text = py.read_text()
+        for values in (choices(SyncConfig, "transport"), choices(ExperimentConfig, "arms")):
+            assert f'"{values[1]}", "{values[2]}"' not in text, f"{py.name} restates {values}"
+
+
+def test_config_modules_do_not_import_torch():
+    code = ("import sys, labkit.config, labkit.sync.config, labkit.engine.config, labkit.mtp.rl, labkit.cli; "
+            "print(sorted(m for m in ('torch', 'ray', 'sglang', 'megatron', 'numpy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
