@@ -15,6 +15,13 @@ acceptance (1 - TV(p, q)) rewards directly.
 
 Left alone: Megatron clips the global grad norm over all parameters, so a large MTP gradient can still shrink
 the policy's update through the clip coefficient (upstream gives MTP its own norm group, PR #4116).
+
+Why this lives in trainer/ (not injected from mtp/): every function here is a hook on, or a read of, the Megatron
+GPTModel that `TrainerRank` builds and steps (its MTP block, output layer, shared embedding), switched by the
+trainer's own `TrainConfig` fields (mtp_loss_scale, mtp_detach, mtp_target); Megatron's MTP cross-entropy is
+already computed inside that forward. An injected loss object would make the trainer's configs silently do
+nothing without it, and it would still have to reach into the same Megatron modules. So the MTP loss is the
+trainer's model-forward concern; `labkit.mtp.loss` re-exports it for the MTP layer (imports point down).
 """
 
 from __future__ import annotations
