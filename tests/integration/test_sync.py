@@ -5,6 +5,7 @@ import pytest
 
 from labkit.config import ParallelSpec, TrainConfig
 from labkit.sync import SyncConfig, engine_spec, sync
+from labkit.sync.session import Syncer
 from tests.integration.conftest import restore_model_dir
 
 pytestmark = pytest.mark.integration
@@ -96,7 +97,7 @@ def test_plan_that_does_not_match_the_engine_fails_before_anything_moves(trainer
     spec["tensors"][name] = ((shape[0] + 1, shape[1]), dtype)
     _train(trainer, steps=1, seed=900)
     with pytest.raises(Exception, match=r"does not match the engine's model: model.layers.1.mlp.up_proj.weight: shape"):
-        trainer.sync(engine.portable(), SyncConfig(transport="colocated", progress=False), spec, None)
+        trainer.sync(Syncer(), engine.portable(), SyncConfig(transport="colocated", progress=False), spec, None)
     assert engine.weight_version == version and engine.checksums() == sums
 
 
