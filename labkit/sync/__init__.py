@@ -13,6 +13,7 @@ from pathlib import Path
 from labkit.config import check
 from labkit.sync.atomic import guard_for
 from labkit.sync.config import SyncConfig
+from labkit.sync.plan import fused_group
 from labkit.sync.session import Syncer
 
 __all__ = ["SyncConfig", "sync", "stream", "engine_spec"]
@@ -59,7 +60,10 @@ def stream(named_tensors, engine, cfg: SyncConfig | None = None, weight_version:
     With cfg.atomic (the default) the same guard applies: the sync lands verified or the engine is restored to
     the last good weights (SyncFailed). The iterator runs in this process and cannot be killed, so
     `cfg.deadline_s` does not apply; every engine call is bounded by `cfg.timeout_s`. Each call plans afresh
-    (there is no trainer to keep a replayed plan in) and frees its buffers before it returns.
+    (there is no trainer to keep a replayed plan in), so the pairs are read into a list first, as a trainer's
+    first sync does, and frees its buffers before it returns. Any order is fine: the pairs are reordered so
+    that the tensors the engine fuses on load (q/k/v, gate/up) come together, as a model's own export has them
+    and as the plan's buckets need (a safetensors file lists names alphabetically).
     """
     cfg = cfg or SyncConfig()
     spec = _checked_spec(engine, exclude)
@@ -78,9 +82,13 @@ class _Local:
 
     def sync(self, consumer, engine, cfg, engine_spec: dict | None = None, weight_version: str | None = None,
              exclude: tuple[str, ...] = (), deadline_s: float | None = None) -> dict:
+        named = list(self.named_tensors)
+        first: dict[str, int] = {}
+        for i, (name, _) in enumerate(named):
+            first.setdefault(fused_group(name), i)
+        named.sort(key=lambda p: first[fused_group(p[0])])  # stable: a group lands where its first member was
         try:
-            return consumer.run(iter(self.named_tensors), engine, cfg, engine_spec, weight_version,
-                                exclude=tuple(exclude))
+            return consumer.run(iter(named), engine, cfg, engine_spec, weight_version, exclude=tuple(exclude))
         finally:
             # The driver keeps no consumer between calls: free its (possibly shared-memory) buffers now.
             if consumer.pool is not None:
