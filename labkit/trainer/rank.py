@@ -19,7 +19,7 @@ from labkit.compat import loopback
 from labkit.compat import megatron as compat
 from labkit.config import ParallelSpec, TrainConfig
 from labkit.models.hf import load_hf_config
-from labkit.trainer.bridge import export_unique, patch_bridge
+from labkit.trainer import bridge as fixes  # called as fixes.export_unique: tests swap it inside the actor
 from labkit.trainer.mtp_loss import capture_mtp, detach_trunk, freeze_mtp, policy_kl
 
 
@@ -75,7 +75,7 @@ class TrainerRank:
 
         hf_config = load_hf_config(model_dir)
         dtype = torch.float32 if not torch.cuda.is_available() else torch.bfloat16
-        bridge = patch_bridge(AutoBridge.from_config(hf_config, dtype=dtype))
+        bridge = fixes.patch_bridge(AutoBridge.from_config(hf_config, dtype=dtype))
         bridge.set_extra_args(use_cpu_initialization=not torch.cuda.is_available(), masked_softmax_fusion=False,
                               sequence_parallel=False, hidden_dropout=0.0, attention_dropout=0.0,
                               # With the policy target Megatron's own MTP CE is only logged (scale 0).
@@ -180,7 +180,7 @@ class TrainerRank:
     def export(self, to_cpu: bool = True, fast: bool = True) -> list[tuple[str, torch.Tensor]] | None:
         """HF-named full tensors (TP-gathered, PP-broadcast) on rank 0; every rank must call it."""
         out = [(n, t.detach().to("cpu") if to_cpu else t.detach())
-               for n, t in export_unique(self.bridge, self.models, fast=fast)]
+               for n, t in fixes.export_unique(self.bridge, self.models, fast=fast)]
         return out if self.rank == 0 else None
 
 
@@ -196,7 +196,7 @@ class TrainerRank:
         `exclude`: name substrings left out of the sync on purpose (e.g. the MTP draft, to study an unsynced
         draft): those engine tensors keep their weights and are reported in `sync/unverified`.
         """
-        gen = export_unique(self.bridge, self.models)
+        gen = fixes.export_unique(self.bridge, self.models)
         try:
             if self.rank != 0:
                 return None
