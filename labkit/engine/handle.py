@@ -254,15 +254,19 @@ class EngineHandle:
     def health(self) -> bool:
         return not self._closed and self._b.health()
 
+    def on_shutdown(self, fn) -> None:
+        """Call `fn()` first thing in `shutdown`: what another layer tied to this engine (labkit.sync.atomic's
+        host copy of the last good weights, a model's worth of tmpfs) goes with it; the handle does not look in."""
+        self.__dict__.setdefault("_shutdown_hooks", []).append(fn)
+
     def shutdown(self) -> list[str]:
         """Stop what this handle started (actor and its SGLang processes, or the owned server) and remove
         their /dev/shm leftovers; a connect()ed server is left running. Idempotent. Returns removed files."""
         if self._closed:
             return []
         self._closed = True
-        guard = getattr(self, "_guard", None)  # labkit.sync.atomic's host copy of the last good weights
-        if guard is not None:
-            guard.close()
+        for hook in self.__dict__.pop("_shutdown_hooks", ()):  # see on_shutdown
+            hook()
         if self._server is not None:
             return self._server.stop()
         if self._actor is not None:

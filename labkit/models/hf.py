@@ -53,10 +53,17 @@ def load_hf_config(model_dir: str | Path):
         hf.num_nextn_predict_layers = int(cfg.get("num_nextn_predict_layers", 0))
     else:
         hf = AutoConfig.from_pretrained(str(model_dir))
-    from labkit.trainer.bridge import fix_rope_theta
-
     fix_rope_theta(hf)
     return hf
+
+
+def fix_rope_theta(hf_config) -> None:
+    """transformers 5 moved `rope_theta` into `rope_parameters`; mbridge and the reference forward still read
+    `rope_theta` and would otherwise fail (or silently use another base). Lives here, beside the config reader,
+    so models/ never imports the trainer (labkit.trainer.bridge applies it too)."""
+    if getattr(hf_config, "rope_theta", None) is None:
+        params = getattr(hf_config, "rope_parameters", None) or {}
+        hf_config.rope_theta = params.get("rope_theta", 10000.0)
 
 
 class ReferenceModel:

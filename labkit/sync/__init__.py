@@ -1,12 +1,20 @@
-"""labkit.sync: bucketed, flattened weight sync trainer -> engine. `sync(trainer, engine, cfg)` is the entry point."""
+"""labkit.sync: bucketed, flattened weight sync into an SGLang engine.
+
+`sync(trainer, engine, cfg)` pushes a Megatron trainer's weights; `stream(named_tensors, engine, cfg)` pushes any
+iterator of (HF name, tensor) pairs from this process (a safetensors file, an HF model's named_parameters()).
+Both run the same `Syncer` (plan -> buckets -> transport -> verify) and, with cfg.atomic, the same guard.
+"""
 
 from __future__ import annotations
 
 from labkit.config import check
 from labkit.engine.contract import Contract
+from labkit.sync.atomic import guard_for
 from labkit.sync.config import SyncConfig
+from labkit.sync.plan import fused_group
+from labkit.sync.session import Syncer
 
-__all__ = ["SyncConfig", "sync", "engine_spec"]
+__all__ = ["SyncConfig", "sync", "stream", "engine_spec"]
 
 
 def engine_spec(model_dir: str, dtype: str = "auto") -> dict:
@@ -26,6 +34,65 @@ def sync(trainer, engine, cfg: SyncConfig | None = None, weight_version: str | N
     weights before it serves again (labkit.sync.atomic; a failure raises SyncFailed saying which).
     """
     cfg = cfg or SyncConfig()
+    spec = _checked_spec(engine, exclude)
+    if cfg.atomic:
+        return guard_for(engine).sync(trainer, cfg, spec, weight_version, tuple(exclude))
+    return trainer.sync(Syncer(), engine.portable(), cfg, spec, weight_version, exclude=tuple(exclude))
+
+
+def stream(named_tensors, engine, cfg: SyncConfig | None = None, weight_version: str | None = None,
+           exclude: tuple[str, ...] = ()) -> dict:
+    """Push any iterable of (HF name, torch tensor) pairs into `engine` (an EngineHandle), from this process.
+
+    >>> from safetensors.torch import load_file
+    >>> m = stream(load_file("model.safetensors").items(), engine, SyncConfig(transport="colocated"))
+    >>> m["sync/verified"]
+    True
+
+    No trainer is involved: the tensors are planned into buckets, sent, and verified against the engine's
+    checksums exactly as `sync` does (the same `Syncer`, run here). Names and shapes must be the engine's
+    (every engine tensor not excluded must be present, as in `sync`); tensors are cast to its dtype on the way.
+    With cfg.atomic (the default) the same guard applies: the sync lands verified or the engine is restored to
+    the last good weights (SyncFailed). The iterator runs in this process and cannot be killed, so
+    `cfg.deadline_s` does not apply; every engine call is bounded by `cfg.timeout_s`. Each call plans afresh
+    (there is no trainer to keep a replayed plan in), so the pairs are read into a list first, as a trainer's
+    first sync does, and frees its buffers before it returns. Any order is fine: the pairs are reordered so
+    that the tensors the engine fuses on load (q/k/v, gate/up) come together, as a model's own export has them
+    and as the plan's buckets need (a safetensors file lists names alphabetically).
+    """
+    cfg = cfg or SyncConfig()
+    spec = _checked_spec(engine, exclude)
+    producer = _Local(named_tensors)
+    if cfg.atomic:
+        return guard_for(engine).sync(producer, cfg, spec, weight_version, tuple(exclude))
+    return producer.sync(Syncer(), engine.portable(call_timeout_s=cfg.timeout_s), cfg, spec, weight_version,
+                         exclude=tuple(exclude))
+
+
+class _Local:
+    """A producer (see labkit.sync.atomic) over (name, tensor) pairs already in this process."""
+
+    def __init__(self, named_tensors):
+        self.named_tensors = named_tensors
+
+    def sync(self, consumer, engine, cfg, engine_spec: dict | None = None, weight_version: str | None = None,
+             exclude: tuple[str, ...] = (), deadline_s: float | None = None) -> dict:
+        named = list(self.named_tensors)
+        first: dict[str, int] = {}
+        for i, (name, _) in enumerate(named):
+            first.setdefault(fused_group(name), i)
+        named.sort(key=lambda p: first[fused_group(p[0])])  # stable: a group lands where its first member was
+        try:
+            return consumer.run(iter(named), engine, cfg, engine_spec, weight_version, exclude=tuple(exclude))
+        finally:
+            # The driver keeps no consumer between calls: free its (possibly shared-memory) buffers now.
+            if consumer.pool is not None:
+                consumer.pool.close()
+                consumer.pool = None
+
+
+def _checked_spec(engine, exclude) -> dict:
+    """The engine's spec, after refusing an `exclude` that is not a tuple of substrings or that names everything."""
     # A bare string would exclude by its characters; "" matches every name.
     check(isinstance(exclude, (tuple, list)) and all(isinstance(x, str) and x for x in exclude), "exclude",
           exclude, "a tuple of non-empty name substrings")
@@ -33,8 +100,4 @@ def sync(trainer, engine, cfg: SyncConfig | None = None, weight_version: str | N
     if exclude and all(any(x in n for x in exclude) for n in spec["tensors"]):
         raise ValueError(f"empty sync refused: exclude={tuple(exclude)!r} names all {len(spec['tensors'])} tensors "
                          "of the engine's model; nothing would be sent or verified")
-    if cfg.atomic:
-        from labkit.sync.atomic import guard_for
-
-        return guard_for(engine).sync(trainer, cfg, spec, weight_version, tuple(exclude))
-    return trainer.sync(engine.portable(), cfg, spec, weight_version, exclude=tuple(exclude))
+    return spec

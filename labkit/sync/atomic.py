@@ -20,16 +20,27 @@ Why this design (SGLang 0.5.23; the same on CPU and GPU):
   the session, push the last good copy in one session, tag its weight_version, and compare the engine's
   checksums with those taken before the sync. Only then continue generation. If that fails too, the engine
   stays paused and SyncFailed says so: it never serves weights labkit cannot name.
+
+Who does what: the sync layer owns the guard (one per engine handle, in this module's table, closed when the
+handle shuts down through its `on_shutdown` hook). The tensors come from a *producer*, any object with
+`sync(consumer, engine, cfg, spec, version, exclude=..., deadline_s=...)` that hands its (name, tensor) pairs to
+`consumer.run`: the `Trainer` (its ranks' export; it fences itself on the deadline) or a local iterator
+(`labkit.sync.stream`). The guard never reaches into a producer's processes.
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import replace
 
 from labkit.engine.errors import EngineError, EngineUnreachable
 from labkit.sync import lastgood
 from labkit.sync import verify as vf
+from labkit.sync.session import Syncer
+from labkit.trainer.group import TrainerDied, TrainerTimeout, error_line as _cause
+
+__all__ = ["Guard", "SyncFailed", "TrainerDied", "TrainerTimeout", "guard_for"]
 
 RESTORE_CHUNK_BYTES = 64 << 20  # restore pushes this much per update call
 
@@ -44,10 +55,17 @@ class SyncFailed(RuntimeError):
         self.restored = bool(metrics.get("sync/restored"))
 
 
+_GUARDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine handle -> its Guard
+
+
 def guard_for(engine) -> Guard:
-    g = getattr(engine, "_guard", None)
+    """The engine's guard (made on first use): one last good copy per engine handle, whoever syncs into it.
+    Kept here, not on the handle: the engine layer knows nothing of syncs; the handle's shutdown closes it
+    through a hook it does not look into (the host copy is a model's worth of tmpfs, i.e. RAM)."""
+    g = _GUARDS.get(engine)
     if g is None:
-        g = engine._guard = Guard(engine)
+        g = _GUARDS[engine] = Guard(engine)
+        engine.on_shutdown(g.close)
     return g
 
 
@@ -55,14 +73,32 @@ class Guard:
     """One per engine handle: the last good copy and the sync protocol around it."""
 
     def __init__(self, engine, root: str | None = None):
-        self.engine, self.store, self.synced = engine, lastgood.Store(root), 0
+        # A weak reference: the table above is keyed by the engine, and a value holding its key would keep
+        # every handle (and its host copy) alive for good.
+        self._engine, self.store, self.synced = weakref.ref(engine), lastgood.Store(root), 0
         self.modified = False  # the last restore found the engine's weights changed by the failed sync
+
+    @property
+    def engine(self):
+        engine = self._engine()
+        if engine is None:
+            raise EngineError("the engine handle this guard belonged to is gone")
+        return engine
 
     def close(self) -> None:
         self.store.close()
+        engine = self._engine()
+        if engine is not None and _GUARDS.get(engine) is self:
+            del _GUARDS[engine]
 
     # --- the protocol --------------------------------------------------------------------------------------
-    def sync(self, trainer, cfg, spec: dict, weight_version: str | None = None, exclude: tuple = ()) -> dict:
+    def sync(self, producer, cfg, spec: dict, weight_version: str | None = None, exclude: tuple = ()) -> dict:
+        """Land `producer`'s tensors completely (verified, tagged `weight_version`) or restore the last good ones.
+
+        `producer`: the `Trainer`, or any object with `sync(consumer, engine, cfg, spec, version, exclude=,
+        deadline_s=)` that feeds its (name, tensor) pairs to `consumer.run` (`labkit.sync.stream` passes a local
+        one). Raises SyncFailed (with `.restored` and `.metrics`) when the sync did not land.
+        """
         t0 = time.perf_counter()
         engine, dtype = self.engine, spec.get("dtype", "float32")
         try:
@@ -79,8 +115,8 @@ class Guard:
         t_guard = time.perf_counter() - t0
         try:
             engine.pause_generation(cfg.pause_mode)
-            m = run_on_trainer(trainer, engine.portable(call_timeout_s=cfg.timeout_s),
-                               replace(cfg, stage_dir=staging), spec, version, cfg.deadline_s, exclude)
+            m = producer.sync(Syncer(), engine.portable(call_timeout_s=cfg.timeout_s), replace(cfg, stage_dir=staging),
+                              spec, version, exclude=tuple(exclude), deadline_s=cfg.deadline_s)
             if m.get("sync/verified") is False:
                 raise EngineError(f"verification failed: {len(m['verify/mismatched'])} tensors differ "
                                   f"(e.g. {m['verify/mismatched'][:3]}), {len(m['verify/missing'])} missing")
@@ -197,54 +233,3 @@ class Guard:
         finally:
             engine.end_weight_update()
         engine.flush_cache()  # no KV computed from the failed version's weights may be reused
-
-
-class TrainerDied(RuntimeError):
-    pass
-
-
-class TrainerTimeout(TrainerDied):
-    pass
-
-
-def run_on_trainer(trainer, engine, cfg, spec: dict, version: str, deadline_s: float, exclude: tuple = ()) -> dict:
-    """`trainer.sync` with a deadline: a trainer that misses it is killed (fencing) and TrainerTimeout raised."""
-    import ray
-
-    kw = {"exclude": tuple(exclude)} if exclude else {}
-    refs = [a.sync.remote(engine, cfg, spec, version, **kw) for a in trainer.actors]
-    try:
-        _, pending = ray.wait(refs, num_returns=len(refs), timeout=deadline_s)
-    except BaseException:  # Ctrl-C in a notebook: the trainer would go on pushing buckets into the restore
-        _fence(trainer)
-        raise
-    if pending:
-        _fence(trainer)
-        raise TrainerTimeout(f"the trainer did not finish the sync within deadline_s={deadline_s:g} s; "
-                             "killed it so that no late bucket can reach the engine")
-    try:
-        results = ray.get(refs)
-    except ray.exceptions.RayActorError as e:
-        raise TrainerDied(f"a trainer actor died during the sync ({_cause(e)})") from None
-    except ray.exceptions.RayTaskError as e:
-        raise e.as_instanceof_cause() if hasattr(e, "as_instanceof_cause") else e
-    return next(r for r in results if r is not None)
-
-
-def _fence(trainer) -> None:
-    import ray
-
-    for a in trainer.actors:
-        ray.kill(a, no_restart=True)
-
-
-def _cause(e: BaseException) -> str:
-    """One line: the exception raised inside the trainer (Ray wraps it), else the last line Ray reports."""
-    inner = getattr(e, "cause", None)
-    if isinstance(inner, BaseException):
-        first = (str(inner).strip().splitlines() or [""])[0]
-        return f"{type(inner).__name__}: {first}"[:400]
-    text = str(e).strip()
-    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(" ")]
-    last = lines[-1] if lines else type(e).__name__
-    return last if len(last) < 400 else last[:400] + "…"

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from labkit.models.hf import fix_rope_theta
+
 SWAP_HALVES = ("eh_proj.weight",)
 
 
@@ -27,12 +29,6 @@ def swap_halves(w: torch.Tensor) -> torch.Tensor:
     """[A | B] -> [B | A] along the input dimension (its own inverse)."""
     h = w.shape[1] // 2
     return torch.cat([w[:, h:], w[:, :h]], dim=1).contiguous()
-
-
-def fix_rope_theta(hf_config) -> None:
-    if getattr(hf_config, "rope_theta", None) is None:
-        params = getattr(hf_config, "rope_parameters", None) or {}
-        hf_config.rope_theta = params.get("rope_theta", 10000.0)
 
 
 def patch_bridge(bridge):

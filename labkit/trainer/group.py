@@ -5,7 +5,18 @@ from __future__ import annotations
 import os
 
 from labkit.cluster import runtime
+from labkit.compat import sglang as compat_sglang
 from labkit.config import ParallelSpec, TrainConfig
+from labkit.models.hf import check_parallel, read_config_json
+from labkit.trainer.rank import TrainerRank
+
+
+class TrainerDied(RuntimeError):
+    """A trainer actor died during a call (or was fenced): the Trainer is unusable, start a new one."""
+
+
+class TrainerTimeout(TrainerDied):
+    """The trainer missed a deadline and was killed (fenced) so that nothing late from it reaches the engine."""
 
 
 class Trainer:
@@ -18,9 +29,6 @@ class Trainer:
     def __init__(self, model_dir: str, parallel: ParallelSpec | None = None, train: TrainConfig | None = None,
                  *, placement=None):
         import ray
-
-        from labkit.models.hf import check_parallel, read_config_json
-        from labkit.trainer.rank import TrainerRank
 
         self.parallel, self.train_cfg = parallel or ParallelSpec(), train or TrainConfig()
         # Fail on a bad directory or layout before any process starts.
@@ -61,9 +69,46 @@ class Trainer:
     def forward(self, tokens) -> dict:
         return self._one("forward", tokens)
 
-    def sync(self, engine, cfg, engine_spec: dict | None = None, weight_version: str | None = None,
-             exclude: tuple[str, ...] = ()) -> dict:
-        return self._one("sync", engine, cfg, engine_spec, weight_version, exclude=tuple(exclude))
+    def sync(self, consumer, engine, cfg, engine_spec: dict | None = None, weight_version: str | None = None,
+             exclude: tuple[str, ...] = (), deadline_s: float | None = None) -> dict:
+        """Run `consumer` (the sync layer's `Syncer`, or any picklable object with the same `run`) on the
+        trainer's export: `consumer.run(named_iter, engine, cfg, engine_spec, weight_version, exclude)` on rank 0
+        while every rank drives the collective export (`TrainerRank.sync`). Returns rank 0's metrics.
+
+        `deadline_s`: the whole call. A trainer still busy then, or interrupted (Ctrl-C) while it runs, is
+        killed (`fence`) and TrainerTimeout raised: a late bucket from it could otherwise land inside the
+        engine's restore or the next sync. None waits for the ranks as any other call does (the consumer
+        bounds each engine call itself). A rank that dies raises TrainerDied; an error inside a rank is raised
+        as itself.
+        """
+        import ray
+
+        kw = {"exclude": tuple(exclude)} if exclude else {}
+        refs = [a.sync.remote(consumer, engine, cfg, engine_spec, weight_version, **kw) for a in self.actors]
+        try:
+            _, pending = ray.wait(refs, num_returns=len(refs), timeout=deadline_s)
+        except BaseException:  # Ctrl-C in a notebook: the trainer would go on pushing buckets into the restore
+            self.fence()
+            raise
+        if pending:
+            self.fence()
+            raise TrainerTimeout(f"the trainer did not finish the sync within deadline_s={deadline_s:g} s; "
+                                 "killed it so that no late bucket can reach the engine")
+        try:
+            results = ray.get(refs)
+        except ray.exceptions.RayActorError as e:
+            raise TrainerDied(f"a trainer actor died during the sync ({error_line(e)})") from None
+        except ray.exceptions.RayTaskError as e:
+            raise e.as_instanceof_cause() if hasattr(e, "as_instanceof_cause") else e
+        return next(r for r in results if r is not None)
+
+    def fence(self) -> None:
+        """Kill every rank now, without letting them finish (no late write may reach the engine).
+        `actors` stays as it was, so callers can still ask whether they are alive; `shutdown` cleans up."""
+        import ray
+
+        for a in self.actors:
+            ray.kill(a, no_restart=True)
 
     def greedy(self, input_ids: list[list[int]], max_new_tokens: int, eos_id: int | None = None) -> list[list[int]]:
         """Greedy continuation with the trainer's own Megatron forward (the reference the engine must match)."""
@@ -85,10 +130,6 @@ class Trainer:
     def export(self, fast: bool = True) -> list:
         return self._one("export", fast=fast)
 
-    @property
-    def num_params(self) -> int:
-        return sum(i["params"] for i in self.info)
-
     def shutdown(self, release_timeout_s: float = 30.0) -> list[str]:
         """Stop every rank and leave no memory behind them. Idempotent. Returns the /dev/shm files removed.
 
@@ -98,8 +139,6 @@ class Trainer:
         they are gone, the driver removes whatever of theirs is left and held by no live process.
         """
         import ray
-
-        from labkit.compat import sglang as compat
 
         actors, self.actors = self.actors, []
         if not actors:
@@ -112,5 +151,16 @@ class Trainer:
         for a in actors:
             ray.kill(a, no_restart=True)
         runtime.wait_dead(actors)
-        return compat.cleanup_shm()
+        return compat_sglang.cleanup_shm()
 
+
+def error_line(e: BaseException) -> str:
+    """One line: the exception raised inside the actor (Ray wraps it), else the last line Ray reports."""
+    inner = getattr(e, "cause", None)
+    if isinstance(inner, BaseException):
+        first = (str(inner).strip().splitlines() or [""])[0]
+        return f"{type(inner).__name__}: {first}"[:400]
+    text = str(e).strip()
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(" ")]
+    last = lines[-1] if lines else type(e).__name__
+    return last if len(last) < 400 else last[:400] + "…"

@@ -12,9 +12,15 @@ from datetime import timedelta
 from functools import partial
 
 import torch
+from torch.multiprocessing import reductions
 
+from labkit.cluster.runtime import node_ip
 from labkit.compat import loopback
+from labkit.compat import megatron as compat
 from labkit.config import ParallelSpec, TrainConfig
+from labkit.models.hf import load_hf_config
+from labkit.trainer import bridge as fixes  # called as fixes.export_unique: tests swap it inside the actor
+from labkit.trainer.mtp_loss import capture_mtp, detach_trunk, freeze_mtp, policy_kl
 
 
 def _init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, parallel: ParallelSpec,
@@ -48,14 +54,10 @@ class TrainerRank:
     def address(self) -> tuple[str, int]:
         """This node's IP and a port bound there: rank 0 hosts the rendezvous (works on any Ray cluster).
         The socket is bound now and handed to the store in `setup`, so no other program can take the port."""
-        from labkit.cluster.runtime import node_ip
-
         self._listen = loopback.listen(node_ip())
         return self._listen.getsockname()[:2]
 
     def setup(self, rank: int, world_size: int, master_addr: str, master_port: int) -> list[str]:
-        from labkit.compat import megatron as compat
-
         self.rank = rank
         self.compat = compat.apply()
         _init_distributed(rank, world_size, master_addr, master_port, self.parallel,
@@ -68,16 +70,12 @@ class TrainerRank:
     def load(self, model_dir: str) -> dict:
         """Build the Megatron model from `model_dir` (config + safetensors) and the optimizer."""
         from megatron.core.distributed import finalize_model_grads
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-
-        from labkit.compat import megatron as compat
-        from labkit.models.hf import load_hf_config
-        from labkit.trainer.bridge import patch_bridge
         from mbridge import AutoBridge
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
         hf_config = load_hf_config(model_dir)
         dtype = torch.float32 if not torch.cuda.is_available() else torch.bfloat16
-        bridge = patch_bridge(AutoBridge.from_config(hf_config, dtype=dtype))
+        bridge = fixes.patch_bridge(AutoBridge.from_config(hf_config, dtype=dtype))
         bridge.set_extra_args(use_cpu_initialization=not torch.cuda.is_available(), masked_softmax_fusion=False,
                               sequence_parallel=False, hidden_dropout=0.0, attention_dropout=0.0,
                               # With the policy target Megatron's own MTP CE is only logged (scale 0).
@@ -87,8 +85,6 @@ class TrainerRank:
                    bucket_size=None)
         models = bridge.get_model(bf16=dtype is torch.bfloat16, wrap_with_ddp=True, ddp_config=ddp)
         bridge.load_weights(models, model_dir)
-        from labkit.mtp.loss import detach_trunk, freeze_mtp
-
         frozen = sum(freeze_mtp(m) for m in models) if self.train_cfg.mtp_loss_scale == 0 else 0
         self.hooks = [h for m in models for h in detach_trunk(m)] if self.train_cfg.mtp_detach else []
         cfg = OptimizerConfig(optimizer=self.train_cfg.optimizer, lr=self.train_cfg.lr, weight_decay=self.train_cfg.weight_decay,
@@ -128,8 +124,6 @@ class TrainerRank:
         """
         from megatron.core.pipeline_parallel import get_forward_backward_func
         from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
-
-        from labkit.compat import megatron as compat
 
         for m in self.models:
             m.train()
@@ -185,30 +179,31 @@ class TrainerRank:
     @torch.no_grad()
     def export(self, to_cpu: bool = True, fast: bool = True) -> list[tuple[str, torch.Tensor]] | None:
         """HF-named full tensors (TP-gathered, PP-broadcast) on rank 0; every rank must call it."""
-        from labkit.trainer.bridge import export_unique
-
         out = [(n, t.detach().to("cpu") if to_cpu else t.detach())
-               for n, t in export_unique(self.bridge, self.models, fast=fast)]
+               for n, t in fixes.export_unique(self.bridge, self.models, fast=fast)]
         return out if self.rank == 0 else None
 
 
-    def sync(self, engine, cfg, engine_spec: dict | None = None, weight_version: str | None = None,
+    def sync(self, consumer, engine, cfg, engine_spec: dict | None = None, weight_version: str | None = None,
              exclude: tuple[str, ...] = ()) -> dict | None:
-        """Push this trainer's weights into `engine` (labkit.sync). Every rank must call it; rank 0 returns metrics.
+        """Hand this rank's export to `consumer.run(named_iter, engine, cfg, engine_spec, weight_version, exclude)`.
+        Every rank must call it (the export is collective); rank 0 runs the consumer and returns its metrics.
 
+        The consumer comes from the sync layer (`labkit.sync.session.Syncer`), pickled by Ray by reference to
+        its class, so the trainer never imports sync/ (imports point down). The rank keeps the first consumer
+        it gets per (consumer class, exclude) and runs that one on later syncs: it holds the replayed plan and
+        the reusable buffers, so a second sync replays the plan instead of listing the export again.
         `exclude`: name substrings left out of the sync on purpose (e.g. the MTP draft, to study an unsynced
         draft): those engine tensors keep their weights and are reported in `sync/unverified`.
         """
-        from labkit.sync.session import Syncer
-        from labkit.trainer.bridge import export_unique
-
-        gen = export_unique(self.bridge, self.models)
+        gen = fixes.export_unique(self.bridge, self.models)
         try:
             if self.rank != 0:
                 return None
-            syncers = self.__dict__.setdefault("syncers", {})  # one replayed plan per tensor subset
-            syncer = syncers.setdefault(tuple(exclude), Syncer())
-            return syncer.run(gen, engine, cfg, engine_spec, weight_version, exclude=tuple(exclude))
+            kind = type(consumer)
+            kept = self.__dict__.setdefault("consumers", {})
+            consumer = kept.setdefault((kind.__module__, kind.__qualname__, tuple(exclude)), consumer)
+            return consumer.run(gen, engine, cfg, engine_spec, weight_version, exclude=tuple(exclude))
         finally:
             # Whatever happened on rank 0, finish the export so no other rank waits in a collective forever.
             try:
@@ -226,16 +221,22 @@ class TrainerRank:
         of it that are still there (held by a reader that has not let go yet; the driver removes them once
         this process is dead).
         """
-        for syncer in self.__dict__.pop("syncers", {}).values():
-            if syncer.pool is not None:
-                syncer.pool.close()
-                syncer.pool = None
-        from torch.multiprocessing import reductions
+        for consumer in self.__dict__.pop("consumers", {}).values():
+            _close(consumer)
 
         reductions.shared_cache.free_dead_references()
         prefix, shm = f"torch_{os.getpid()}_", "/dev/shm"
         left = sorted(f for f in os.listdir(shm) if f.startswith(prefix)) if os.path.isdir(shm) else []
         return {"pid": os.getpid(), "shm_left": left}
+
+
+def _close(consumer) -> None:
+    """Free a kept consumer's buffers: its own `close()` if it has one, else its buffer pool (the Syncer's)."""
+    if callable(getattr(consumer, "close", None)):
+        consumer.close()
+    elif getattr(consumer, "pool", None) is not None:
+        consumer.pool.close()
+        consumer.pool = None
 
 
 def _make_batch(tokens, loss_mask, weights):
@@ -249,8 +250,6 @@ def _make_batch(tokens, loss_mask, weights):
 
 
 def _forward_step(data_iterator, model, total_tokens: float, policy_scale: float = 1.0, kl_scale: float = 0.0):
-    from labkit.mtp.loss import capture_mtp, policy_kl
-
     b = next(data_iterator)
     captured: dict = {}
     hook = capture_mtp(model, captured) if kl_scale else None

@@ -5,6 +5,7 @@ import pytest
 
 from labkit.config import ParallelSpec, TrainConfig
 from labkit.sync import SyncConfig, engine_spec, sync
+from labkit.sync.session import Syncer
 from tests.integration.conftest import restore_model_dir
 
 pytestmark = pytest.mark.integration
@@ -97,7 +98,7 @@ def test_plan_that_does_not_match_the_engine_fails_before_anything_moves(trainer
     _train(trainer, steps=1, seed=900)
     bad = r"does not match the engine's model.*'model.layers.1.mlp.up_proj.weight': shape"
     with pytest.raises(Exception, match=bad):
-        trainer.sync(engine.portable(), SyncConfig(transport="colocated", progress=False), spec, None)
+        trainer.sync(Syncer(), engine.portable(), SyncConfig(transport="colocated", progress=False), spec, None)
     assert engine.weight_version == version and engine.checksums() == sums
 
 

@@ -1,0 +1,30 @@
+"""labkit.sync.stream's local producer: any input order reaches the Syncer with fused groups together (the plan's
+buckets need it; a safetensors file lists names alphabetically, which splits q/k/v by o_proj)."""
+
+import torch
+
+from labkit.sync import _Local
+from labkit.sync.plan import fused_group
+
+
+class _Recorder:
+    pool = None
+
+    def run(self, named_iter, engine, cfg, engine_spec=None, weight_version=None, exclude=()):
+        self.names = [n for n, _ in named_iter]
+        return {"exclude": exclude, "version": weight_version}
+
+
+def test_local_producer_brings_fused_groups_together_in_first_seen_order():
+    names = sorted(f"model.layers.0.{m}.{p}.weight" for m, ps in
+                   (("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj")), ("mlp", ("gate_proj", "up_proj",
+                                                                                       "down_proj"))) for p in ps)
+    rec = _Recorder()
+    m = _Local((n, torch.zeros(1)) for n in names).sync(rec, None, None, None, "v1", exclude=["x"])
+    assert m == {"exclude": ("x",), "version": "v1"} and sorted(rec.names) == names
+    groups = [fused_group(n) for n in rec.names]
+    runs = [g for i, g in enumerate(groups) if i == 0 or groups[i - 1] != g]
+    assert len(runs) == len(set(groups)), rec.names  # each group is one contiguous run
+    assert rec.names[0] == names[0]  # the first input name leads (stable)
+    alphabetical = [fused_group(n) for n in names]
+    assert len([g for i, g in enumerate(alphabetical) if i == 0 or alphabetical[i - 1] != g]) > len(set(groups))
