@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from labkit.config import check
 from labkit.engine.contract import Contract
-from labkit.sync.atomic import guard_for
 from labkit.sync.config import SyncConfig
 from labkit.sync.plan import fused_group
-from labkit.sync.session import Syncer
+
+# Importing labkit.sync (its configs, the CLI's startup) loads no torch: the syncer and the guard, which cross
+# torch, are imported where a sync runs.
 
 __all__ = ["SyncConfig", "sync", "stream", "engine_spec"]
 
@@ -33,6 +34,9 @@ def sync(trainer, engine, cfg: SyncConfig | None = None, weight_version: str | N
     With cfg.atomic (the default) the sync lands completely or the engine is restored to the last good
     weights before it serves again (labkit.sync.atomic; a failure raises SyncFailed saying which).
     """
+    from labkit.sync.atomic import guard_for
+    from labkit.sync.session import Syncer
+
     cfg = cfg or SyncConfig()
     spec = _checked_spec(engine, exclude)
     if cfg.atomic:
@@ -60,6 +64,9 @@ def stream(named_tensors, engine, cfg: SyncConfig | None = None, weight_version:
     that the tensors the engine fuses on load (q/k/v, gate/up) come together, as a model's own export has them
     and as the plan's buckets need (a safetensors file lists names alphabetically).
     """
+    from labkit.sync.atomic import guard_for
+    from labkit.sync.session import Syncer
+
     cfg = cfg or SyncConfig()
     spec = _checked_spec(engine, exclude)
     producer = _Local(named_tensors)
