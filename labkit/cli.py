@@ -56,7 +56,7 @@ def cmd_sync(args) -> int:
         wb.train(args.steps, progress=not args.json)
         m = wb.sync(cfg)
         g = wb.compare_greedy()
-    m.update({k: v for k, v in g.items() if k != "rollout/samples"})
+    m.update(g.metrics)
     _emit(m, args.json)
     return 0 if m["sync/verified"] is not False else 1
 

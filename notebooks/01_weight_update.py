@@ -60,8 +60,8 @@ print(f"verified={m['sync/verified']}  version={m['sync/weight_version']}  {m['s
 
 # %%
 greedy = wb.compare_greedy()
-nb.record({k: v for k, v in greedy.items() if k != "rollout/samples"})
-greedy["rollout/samples"][:3]
+nb.record(greedy.metrics)
+greedy.samples[:3]
 
 # %%
 nb.show(viz.sync_phases([x for x in (baseline, m) if x]), name="sync_phases", interactive=INTERACTIVE)

@@ -49,12 +49,13 @@ wb = Workbench()
 nb.record(wb.timings)
 
 # %%
-before = ex.rollout(wb, N_PROMPTS, seed=SEED, temperature=TEMPERATURE, max_new_tokens=MAX_NEW_TOKENS)
-nb.record({"rollout/reward_before": before["reward"], "rollout/weight_version_before": before["weight_version"]})
-pd.DataFrame(before["rows"])[["prompt", "answer", "completion", "reward", "weight_version"]].head(8)
+before = wb.rollout(N_PROMPTS, temperature=TEMPERATURE, seed=SEED, max_new_tokens=MAX_NEW_TOKENS)
+nb.record({"rollout/reward_before": before.metrics["rollout/reward_mean"],
+           "rollout/weight_version_before": before.metrics["rollout/weight_version"]})
+pd.DataFrame(ex.table(before)).head(8)
 
 # %%
-fresh = ex.logprob_agreement(wb, before["rows"])
+fresh = ex.logprob_agreement(wb, before.samples)
 nb.record("rollout/logprob_max_abs_diff_fresh", fresh["max_abs_diff"])
 
 # %%
@@ -62,7 +63,7 @@ history = wb.train(STEPS)
 nb.show(viz.curves(history, ["train/loss", "mtp/loss"], title="training loss"), name="train", interactive=INTERACTIVE)
 
 # %%
-stale = ex.logprob_agreement(wb, before["rows"])
+stale = ex.logprob_agreement(wb, before.samples)
 nb.record("rollout/logprob_max_abs_diff_stale", stale["max_abs_diff"])
 
 # %%
@@ -70,12 +71,13 @@ m = wb.sync(SyncConfig(transport=TRANSPORT, bucket_mb=BUCKET_MB))
 nb.record({k: m[k] for k in ("sync/verified", "sync/weight_version", "timing/sync/total")})
 
 # %%
-after = ex.rollout(wb, N_PROMPTS, seed=SEED, temperature=TEMPERATURE, max_new_tokens=MAX_NEW_TOKENS)
-nb.record({"rollout/reward_after": after["reward"], "rollout/weight_version_after": after["weight_version"]})
+after = wb.rollout(N_PROMPTS, temperature=TEMPERATURE, seed=SEED, max_new_tokens=MAX_NEW_TOKENS)
+nb.record({"rollout/reward_after": after.metrics["rollout/reward_mean"],
+           "rollout/weight_version_after": after.metrics["rollout/weight_version"]})
 pd.DataFrame(ex.side_by_side(before, after)).head(8)
 
 # %%
-synced = ex.logprob_agreement(wb, after["rows"])
+synced = ex.logprob_agreement(wb, after.samples)
 nb.record("rollout/logprob_max_abs_diff_synced", synced["max_abs_diff"])
 nb.show(viz.logprob_agreement({"fresh": fresh, "stale (trained, engine not synced)": stale, "synced": synced}),
         name="logprob_agreement", interactive=INTERACTIVE)

@@ -67,17 +67,17 @@ def measure(model_dir: str, named: dict, draft: dict | None, eval_ids: list[list
 
 
 def speculate(model_dir: str | None = None, *, k: int = 2, temperature: float = 1.0, prompts: int = 256,
-              seed: int = 0) -> dict:
+              seed: int = 0, task=None) -> dict:
     """Speculative decoding with a checkpoint's own MTP draft on held-out prompts, no RL: SGLang-named counters
     (accept length, per-position rates) and the accept length theory predicts from the depth-1 rate."""
-    from labkit.models.tokenizer import encode
     from labkit.mtp.acceptance import expected_accept_length
     from labkit.mtp.speculative import Speculator
-    from labkit.tasks import arith
+    from labkit.tasks import ArithTask
     from labkit.models.tiny import default_model_dir
 
     model_dir = model_dir or default_model_dir()
-    ids = [encode(p.prompt) for p in arith.problems(prompts, seed=999_983 + seed)]
+    task = task or ArithTask()
+    ids = [task.tokenizer.encode(p.prompt) for p in task.problems(prompts, seed=999_983 + seed)]
     out = Speculator(model_dir).generate(ids, k=k, temperature=temperature, max_new_tokens=RLConfig().max_new_tokens,
                                          seed=seed)
     m = dict(out["metrics"])
@@ -86,16 +86,17 @@ def speculate(model_dir: str | None = None, *, k: int = 2, temperature: float = 
     return {"metrics": m, "requests": out["requests"]}
 
 
-def run_arm(arm: str, engine, placement, model_dir: str, cfg: ExperimentConfig, progress: bool = True) -> list[dict]:
+def run_arm(arm: str, engine, placement, model_dir: str, cfg: ExperimentConfig, progress: bool = True,
+            task=None) -> list[dict]:
     from tqdm.auto import tqdm
 
     from labkit.config import ParallelSpec
-    from labkit.models.tokenizer import encode
     from labkit.mtp import rl
     from labkit.sync import SyncConfig, sync
-    from labkit.tasks import arith
+    from labkit.tasks import ArithTask
     from labkit.trainer.group import Trainer
 
+    task = task or ArithTask()
     scale = 0.0 if arm == "frozen" else cfg.rl.train.mtp_loss_scale
     train = replace(cfg.rl.train, mtp_loss_scale=scale, seed=1234 + cfg.seed)
     trainer = Trainer(model_dir, ParallelSpec(), train, placement=placement)
@@ -103,8 +104,8 @@ def run_arm(arm: str, engine, placement, model_dir: str, cfg: ExperimentConfig, 
     try:
         s0 = sync(trainer, engine, SyncConfig(progress=False), weight_version=f"{arm}-0")  # every arm starts equal
         check(s0.get("sync/verified") is not False, "sync", s0.get("sync/verified"), "a verified initial sync")
-        eval_problems = arith.problems(cfg.eval_prompts, seed=999_983 + cfg.seed)
-        eval_ids = [encode(p.prompt) for p in eval_problems]
+        eval_problems = task.problems(cfg.eval_prompts, seed=999_983 + cfg.seed)
+        eval_ids = [task.tokenizer.encode(p.prompt) for p in eval_problems]
         draft0 = None
         exclude = DRAFT_LAYERS if arm == "unsynced" else ()
         bar = tqdm(range(cfg.steps + 1), desc=f"arm {arm}", disable=not progress)
@@ -115,10 +116,10 @@ def run_arm(arm: str, engine, placement, model_dir: str, cfg: ExperimentConfig, 
                 draft0 = {n: t.clone() for n, t in named.items()
                           if any(x in n for x in DRAFT_LAYERS) or n in DRAFT_SHARED}
             acc = measure(model_dir, named, draft0, eval_ids, cfg, seed=cfg.seed * 7919 + step)
-            problems = arith.problems(cfg.rl.prompts, seed=cfg.seed * 1_000_003 + 17 * (step + 1))
+            problems = task.problems(cfg.rl.prompts, seed=cfg.seed * 1_000_003 + 17 * (step + 1))
             m = rl.step(trainer, engine, problems, cfg.rl, step_index=step, eval_problems=eval_problems[:64],
                         train=step < cfg.steps, exclude=exclude, spec_temperature=cfg.spec_temperature,
-                        spec_k=cfg.k)
+                        spec_k=cfg.k, task=task)
             rows.append({"arm": arm, "step": step, **acc, **m, "timing/step": round(time.perf_counter() - t0, 2)})
             bar.set_postfix(reward=f"{m['train/reward']:.2f}", accept=f"{acc['mtp/accept_rate']:.2f}")
     finally:
@@ -157,8 +158,9 @@ def summarize(history: list[dict], cfg: ExperimentConfig) -> dict:
 
 
 def run(cfg: ExperimentConfig | None = None, *, quick: bool = False, model_dir: str | None = None,
-        progress: bool = True) -> dict:
-    """All arms on one engine; returns {"history": per-step rows, "metrics": summarize(...)}."""
+        progress: bool = True, task=None) -> dict:
+    """All arms on one engine (`task`: a labkit.tasks.Task, default arithmetic); returns {"history": per-step
+    rows, "metrics": summarize(...)}."""
     from labkit.cluster import runtime
     from labkit.cluster.placement import Placement, layout
     from labkit.engine import EngineConfig, EngineHandle
@@ -177,7 +179,7 @@ def run(cfg: ExperimentConfig | None = None, *, quick: bool = False, model_dir: 
         engine = EngineHandle.start(EngineConfig(model_dir=model_dir, dtype="float32", max_total_tokens=8192,
                                                  mem_fraction_static=0.05),
                                     scheduling_strategy=placement.strategy("engine:0"))
-        history = [r for arm in cfg.arms for r in run_arm(arm, engine, placement, model_dir, cfg, progress)]
+        history = [r for arm in cfg.arms for r in run_arm(arm, engine, placement, model_dir, cfg, progress, task)]
     finally:
         if engine is not None:
             engine.shutdown()

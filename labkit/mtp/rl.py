@@ -68,17 +68,18 @@ def advantages(rewards: list[float], group: int) -> list[float]:
     return out
 
 
-def rollout(engine, problems, cfg: RLConfig) -> list[dict]:
-    """`cfg.group` samples per problem from the engine, with the engine's per-token log-probs and the reward."""
-    from labkit.models.tokenizer import encode
-    from labkit.tasks import arith
+def rollout(engine, problems, cfg: RLConfig, task=None) -> list[dict]:
+    """`cfg.group` samples per problem from the engine, with the engine's per-token log-probs and the task's
+    reward (`task`: a labkit.tasks.Task, default the arithmetic task)."""
+    from labkit.tasks import ArithTask
 
+    task = task or ArithTask()
     items = [p for p in problems for _ in range(cfg.group)]
-    ids = [encode(p.prompt) for p in items]
+    ids = [task.tokenizer.encode(p.prompt) for p in items]
     outs = engine.generate(input_ids=ids, return_logprob=True,
                            sampling={"temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens})
     return [{"problem": p, "prompt_ids": i, "tokens": o["tokens"], "logprobs": o["logprobs"],
-             "reward": arith.reward(p, o["text"]), "weight_version": o["meta_info"].get("weight_version")}
+             "reward": task.reward(p, o["text"]), "weight_version": o["meta_info"].get("weight_version")}
             for p, i, o in zip(items, ids, outs)]
 
 
@@ -143,14 +144,14 @@ def rollout_kl(logits, rows: list[dict]) -> dict:
             "train/rollout_logprob_missing_rows": len(missing)}
 
 
-def greedy_accuracy(engine, problems, max_new_tokens: int = 5) -> float:
-    """Exact-answer rate of the engine's greedy answers (held-out prompts: the policy's accuracy)."""
-    from labkit.models.tokenizer import encode
-    from labkit.tasks import arith
+def greedy_accuracy(engine, problems, max_new_tokens: int = 5, task=None) -> float:
+    """Mean task reward of the engine's greedy answers (held-out prompts: the policy's accuracy)."""
+    from labkit.tasks import ArithTask
 
-    outs = engine.generate(input_ids=[encode(p.prompt) for p in problems],
+    task = task or ArithTask()
+    outs = engine.generate(input_ids=[task.tokenizer.encode(p.prompt) for p in problems],
                            sampling={"temperature": 0.0, "max_new_tokens": max_new_tokens})
-    return sum(arith.reward(p, o["text"]) for p, o in zip(problems, outs)) / len(problems)
+    return sum(task.reward(p, o["text"]) for p, o in zip(problems, outs)) / len(problems)
 
 
 def lr_at(cfg: RLConfig, step: int) -> float:
@@ -159,7 +160,7 @@ def lr_at(cfg: RLConfig, step: int) -> float:
 
 def step(trainer, engine, problems, cfg: RLConfig, *, step_index: int = 0, eval_problems=None, train: bool = True,
          sync_cfg=None,
-         exclude: tuple[str, ...] = (), spec_temperature: float = 1.0, spec_k: int = 1) -> dict:
+         exclude: tuple[str, ...] = (), spec_temperature: float = 1.0, spec_k: int = 1, task=None) -> dict:
     """One RL step; returns its metrics. `train=False` measures only (the last point of a run).
 
     train/reward: mean reward of this step's rollouts; train/accuracy: greedy accuracy on `eval_problems`;
@@ -170,12 +171,12 @@ def step(trainer, engine, problems, cfg: RLConfig, *, step_index: int = 0, eval_
 
     from labkit.mtp.acceptance import offline_accept_rate, offline_loop_rate
 
-    rows = rollout(engine, problems, cfg)
+    rows = rollout(engine, problems, cfg, task)
     rewards = [r["reward"] for r in rows]
     tokens, mask, drafted = to_batch(rows)
     out = trainer.forward(tokens)
     m = {"train/reward": sum(rewards) / len(rewards),
-         "train/accuracy": greedy_accuracy(engine, eval_problems or problems, cfg.max_new_tokens),
+         "train/accuracy": greedy_accuracy(engine, eval_problems or problems, cfg.max_new_tokens, task),
          "rollout/weight_version": rows[0]["weight_version"],
          **rollout_kl(out["logits"], rows)}
     if out["mtp_logits"]:  # the offline acceptance estimate comes free with this forward

@@ -1,11 +1,16 @@
-"""The arithmetic task: prompt "37+45=", answer "82", reward 1 for the exact answer. Pure Python."""
+"""The arithmetic task: prompt "37+45=", answer "82", reward 1 for the exact answer. Pure Python.
+
+`ArithTask` is labkit's default `Task` (labkit.tasks.base); the module-level functions are the same task for
+code that works on `Problem`s directly (pretraining, tests).
+"""
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from labkit.models.tokenizer import EOS, encode
+from labkit.config import check
+from labkit.tasks.base import CharTokenizer, Tokenizer, pad_batch, prompt_and_target
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,6 +20,7 @@ class Problem:
 
 
 MAX_OPERAND = 49  # 2,500 problems: the tiny model learns them all, so RL's room is its sampling noise
+CHAR = CharTokenizer()
 
 
 def problems(n: int, seed: int = 0, max_operand: int = MAX_OPERAND) -> list[Problem]:
@@ -46,28 +52,35 @@ def corrupt(items: list[Problem], rate: float, seed: int = 0) -> list[Problem]:
     return [Problem(p.prompt, "".join(flip(d) for d in p.answer)) for p in items]
 
 
-def sequence(problem: Problem) -> tuple[list[int], list[int]]:
+def sequence(problem: Problem, tokenizer: Tokenizer = CHAR) -> tuple[list[int], list[int]]:
     """Token ids of prompt + answer + EOS, and a mask that is 1 on the answer/EOS tokens."""
-    p, a = encode(problem.prompt), encode(problem.answer) + [EOS]
-    return p + a, [0] * len(p) + [1] * len(a)
+    return prompt_and_target(tokenizer, problem.prompt, problem.answer)
 
 
-def corpus(n: int, seed: int = 0) -> list[str]:
-    """Plain strings for pretraining: one solved problem per line."""
-    return [f"{p.prompt}{p.answer}" for p in problems(n, seed)]
-
-
-def batch(items: list[Problem]):
+def batch(items: list[Problem], tokenizer: Tokenizer = CHAR):
     """Right-padded token ids [b, s] and the answer mask [b, s] (torch tensors) for supervised steps."""
-    import torch
+    return pad_batch([sequence(p, tokenizer) for p in items], tokenizer.pad_token_id)
 
-    from labkit.models.tokenizer import PAD
 
-    seqs = [sequence(p) for p in items]
-    s = max(len(t) for t, _ in seqs)
-    tokens = torch.full((len(seqs), s), PAD, dtype=torch.long)
-    mask = torch.zeros((len(seqs), s), dtype=torch.long)
-    for i, (t, m) in enumerate(seqs):
-        tokens[i, : len(t)] = torch.tensor(t)
-        mask[i, : len(m)] = torch.tensor(m)
-    return tokens, mask
+@dataclass(frozen=True, slots=True)
+class ArithTask:
+    """"a+b=" -> the sum, exact-answer reward; the task every labkit default (Workbench, RL, MTP experiment) uses."""
+
+    max_operand: int = MAX_OPERAND
+    tokenizer: Tokenizer = field(default_factory=CharTokenizer)
+    max_new_tokens: int = 5  # "98" + EOS fits with room: longer answers are wrong anyway
+
+    def __post_init__(self) -> None:
+        check(isinstance(self.max_operand, int) and self.max_operand >= 0, "max_operand", self.max_operand,
+              "an integer >= 0")
+        check(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1, "max_new_tokens",
+              self.max_new_tokens, "an integer >= 1")
+
+    def problems(self, n: int, seed: int = 0) -> list[Problem]:
+        return problems(n, seed=seed, max_operand=self.max_operand)
+
+    def reward(self, problem: Problem, completion: str) -> float:
+        return reward(problem, completion)
+
+    def batch(self, items: list[Problem]):
+        return batch(items, self.tokenizer)

@@ -2,6 +2,6 @@
 main job (demo), benchmarks (sync, serve-sync), fault injection, the notebook runner, figures and widgets.
 Nothing below this package imports it."""
 
-from labkit.workbench.core import Workbench
+from labkit.workbench.core import Rollout, Workbench
 
-__all__ = ["Workbench"]
+__all__ = ["Rollout", "Workbench"]

@@ -1,43 +1,86 @@
 """The walking skeleton as one object: a Megatron trainer and an SGLang engine on Ray, and the calls that
-move weights between them and check the result. Notebooks, the CLI and tests use it one call at a time.
+move weights between them and check the result. Notebooks, the CLI, tests and scripts use it one call at a time.
+
+The task (problems, reward, supervised batches, tokenizer) is injected, default the arithmetic task; calls
+that generate return data apart from metrics (`Rollout`: `samples` for tables, `metrics` scalars to log).
 
 >>> wb = Workbench()                       # data/tiny-mimo, TP=1, colocated, a real CPU SGLang engine
 >>> wb.train(3); m = wb.sync(SyncConfig(transport="colocated")); m["sync/verified"]
 True
->>> wb.compare_greedy()["rollout/greedy_match"]
+>>> wb.compare_greedy().metrics["rollout/greedy_match"]
 True
+>>> r = wb.rollout(n=8, temperature=1.0); r.metrics["rollout/n"], len(r.samples)
+(8, 8)
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
-from labkit.config import ParallelSpec, TrainConfig
+from labkit.config import ParallelSpec, TrainConfig, check
 from labkit.models.tiny import default_model_dir
 from labkit.sync.config import SyncConfig
+from labkit.tasks import ArithTask, Task, check_task
 
 
-def train(trainer, steps: int, batch_size: int = 16, seed: int = 0, progress: bool = True) -> list[dict]:
-    """Supervised steps on the arithmetic corpus (answer tokens only). Returns per-step metrics."""
+@dataclass(frozen=True, slots=True)
+class Rollout:
+    """What a generating call returns, data apart from metrics: `samples` (one dict per completion: prompt,
+    completion, reward, weight_version, token ids, ...) for tables and the next step; `metrics` holds only
+    scalars under stable keys, so it can be logged or json-dumped as is."""
+
+    samples: list[dict] = field(default_factory=list)
+    metrics: dict = field(default_factory=dict)
+
+
+def train(trainer, steps: int, batch_size: int = 16, seed: int = 0, progress: bool = True,
+          task: Task | None = None) -> list[dict]:
+    """Supervised steps on the task's batches (default: arithmetic, answer tokens only). Per-step metrics."""
     from tqdm.auto import tqdm
 
-    from labkit.tasks import arith
-
+    task = task or ArithTask()
     history = []
     bar = tqdm(range(steps), desc="train", disable=not progress, mininterval=1.0)
     for step in bar:
-        tokens, mask = arith.batch(arith.problems(batch_size, seed=seed * 100_003 + step))
+        tokens, mask = task.batch(task.problems(batch_size, seed=seed * 100_003 + step))
         m = trainer.train_step(tokens, mask)
         history.append({"step": step, **m})
         bar.set_postfix(loss=f"{m['train/loss']:.3f}", mtp=f"{m['mtp/loss']:.3f}")
     return history
 
 
+def rollout(engine, task: Task, n: int = 8, *, seed: int = 0, temperature: float = 1.0,
+            max_new_tokens: int | None = None) -> Rollout:
+    """Sample one completion per task prompt from the engine, with its log-probs, scored by the task's reward.
+
+    Samples: problem, prompt, completion, reward, weight_version, prompt_ids, tokens, logprobs.
+    Metrics: rollout/n, rollout/reward_mean, rollout/weight_version, rollout/temperature.
+    """
+    check(isinstance(n, int) and not isinstance(n, bool) and n >= 1, "n", n, "an integer >= 1")
+    check(isinstance(temperature, (int, float)) and temperature >= 0, "temperature", temperature,
+          ">= 0 (0 is greedy)")
+    problems = task.problems(n, seed=seed)
+    ids = [task.tokenizer.encode(p.prompt) for p in problems]
+    outs = engine.generate(input_ids=ids, return_logprob=True, sampling={
+        "temperature": temperature, "max_new_tokens": max_new_tokens or task.max_new_tokens})
+    samples = [{"problem": p, "prompt": p.prompt, "completion": o["text"], "reward": float(task.reward(p, o["text"])),
+                "weight_version": o["meta_info"].get("weight_version"), "prompt_ids": i, "tokens": o["tokens"],
+                "logprobs": o["logprobs"]} for p, i, o in zip(problems, ids, outs)]
+    return Rollout(samples, {"rollout/n": len(samples),
+                             "rollout/reward_mean": sum(s["reward"] for s in samples) / len(samples),
+                             "rollout/weight_version": samples[0]["weight_version"],
+                             "rollout/temperature": float(temperature)})
+
+
 class Workbench:
-    def __init__(self, model_dir: str | None = None, parallel: ParallelSpec | None = None,
-                 train: TrainConfig | None = None, engine=None, placement: str = "colocated",
-                 engine_url: str | None = None):
+    def __init__(self, model_dir: str | None = None, parallel: ParallelSpec | None = None, *,
+                 train_cfg: TrainConfig | None = None, engine_cfg=None, task: Task | None = None,
+                 placement: str = "colocated", engine_url: str | None = None):
+        """`train_cfg` configures the trainer (`wb.train` is the method that trains), `engine_cfg` the engine
+        (`wb.engine` is the running handle); `task` supplies problems, reward and batches (default arithmetic)."""
+        self.task = task if task is not None else ArithTask()
+        check_task(self.task)  # a wrong task object fails here, before Ray, the trainer or the engine start
         from labkit.cluster import runtime
         from labkit.cluster.placement import Placement, layout
         from labkit.engine import EngineConfig, EngineHandle
@@ -50,9 +93,9 @@ class Workbench:
         # Colocated: a trainer rank and the engine share a bundle (2 logical CPUs: one actor each).
         cpus = 2.0 if placement == "colocated" else 1.0
         self.placement = Placement(layout(placement, self.parallel.world_size, 1, cpus_per_bundle=cpus))
-        self.trainer = Trainer(self.model_dir, self.parallel, train or TrainConfig(), placement=self.placement)
-        cfg = engine or EngineConfig(model_dir=self.model_dir, dtype="float32", max_total_tokens=4096,
-                                     mem_fraction_static=0.05)
+        self.trainer = Trainer(self.model_dir, self.parallel, train_cfg or TrainConfig(), placement=self.placement)
+        cfg = engine_cfg or EngineConfig(model_dir=self.model_dir, dtype="float32", max_total_tokens=4096,
+                                         mem_fraction_static=0.05)
         if engine_url:
             cfg = replace(cfg, url=engine_url)
         self.engine = EngineHandle.start(cfg, scheduling_strategy=None if engine_url else
@@ -61,31 +104,41 @@ class Workbench:
         self.timings = {"timing/startup": round(time.perf_counter() - t0, 2)}
 
     def train(self, steps: int, batch_size: int = 16, progress: bool = True) -> list[dict]:
-        """Supervised steps on the arithmetic task, so the trainer's weights move away from the engine's."""
-        hist = train(self.trainer, steps, batch_size=batch_size, seed=1 + self.steps, progress=progress)
+        """Supervised steps on the task's batches, so the trainer's weights move away from the engine's."""
+        hist = train(self.trainer, steps, batch_size=batch_size, seed=1 + self.steps, progress=progress,
+                     task=self.task)
         self.steps += steps
         return hist
 
-    def sync(self, cfg: SyncConfig | None = None, weight_version: str | None = None) -> dict:
+    def sync(self, cfg: SyncConfig | None = None, weight_version: str | None = None,
+             exclude: tuple[str, ...] = ()) -> dict:
+        """labkit.sync.sync into this engine; `exclude` leaves out tensors whose names contain any of the given
+        substrings (they keep their weights and are listed in `sync/unverified`)."""
         from labkit.sync import sync
 
-        return sync(self.trainer, self.engine, cfg or SyncConfig(), weight_version)
+        return sync(self.trainer, self.engine, cfg or SyncConfig(), weight_version, exclude=exclude)
 
-    def compare_greedy(self, n_prompts: int = 8, max_new_tokens: int = 6, seed: int = 123) -> dict:
-        """Greedy continuations from the engine vs the trainer's own Megatron forward, token for token."""
-        from labkit.models.tokenizer import EOS, decode, encode
-        from labkit.tasks import arith
+    def rollout(self, n: int = 8, temperature: float = 1.0, seed: int = 0,
+                max_new_tokens: int | None = None) -> Rollout:
+        """Completions from the engine for `n` task prompts, scored by the task (see module-level `rollout`)."""
+        return rollout(self.engine, self.task, n, seed=seed, temperature=temperature, max_new_tokens=max_new_tokens)
 
-        problems = arith.problems(n_prompts, seed=seed)
-        ids = [encode(p.prompt) for p in problems]
+    def compare_greedy(self, n_prompts: int = 8, max_new_tokens: int = 6, seed: int = 123) -> Rollout:
+        """Greedy continuations from the engine vs the trainer's own Megatron forward, token for token.
+
+        Samples: prompt, engine, trainer (texts). Metrics: rollout/greedy_match, rollout/greedy_match_frac,
+        rollout/weight_version."""
+        tok = self.task.tokenizer
+        problems = self.task.problems(n_prompts, seed=seed)
+        ids = [tok.encode(p.prompt) for p in problems]
         outs = self.engine.generate(input_ids=ids, sampling={"temperature": 0.0, "max_new_tokens": max_new_tokens})
         engine_tokens = [o["tokens"] for o in outs]
-        trainer_tokens = self.trainer.greedy(ids, max_new_tokens, EOS)
+        trainer_tokens = self.trainer.greedy(ids, max_new_tokens, tok.eos_token_id)
         match = [a == b for a, b in zip(engine_tokens, trainer_tokens)]
-        return {"rollout/greedy_match": all(match), "rollout/greedy_match_frac": sum(match) / len(match),
-                "rollout/weight_version": outs[0]["meta_info"].get("weight_version"),
-                "rollout/samples": [{"prompt": p.prompt, "engine": decode(a), "trainer": decode(b)}
-                                    for p, a, b in zip(problems, engine_tokens, trainer_tokens)]}
+        return Rollout([{"prompt": p.prompt, "engine": tok.decode(a), "trainer": tok.decode(b)}
+                        for p, a, b in zip(problems, engine_tokens, trainer_tokens)],
+                       {"rollout/greedy_match": all(match), "rollout/greedy_match_frac": sum(match) / len(match),
+                        "rollout/weight_version": outs[0]["meta_info"].get("weight_version")})
 
     def close(self) -> None:
         """Stop the engine (its shutdown also drops the last-good host copy, `Guard.close`), the trainer (which

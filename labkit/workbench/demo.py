@@ -73,7 +73,7 @@ def run(workdir: str = "runs/demo", steps: int = 10, tp: int = 1, pp: int = 1, m
 
     t0 = time.perf_counter()
     out: dict = {}
-    with Workbench(model_dir, ParallelSpec(tp=tp, pp=pp), TrainConfig()) as wb:
+    with Workbench(model_dir, ParallelSpec(tp=tp, pp=pp), train_cfg=TrainConfig()) as wb:
         out.update(wb.timings)
         hist = wb.train(steps)
         out.update({"train/loss_first": hist[0]["train/loss"], "train/loss": hist[-1]["train/loss"],
@@ -86,8 +86,8 @@ def run(workdir: str = "runs/demo", steps: int = 10, tp: int = 1, pp: int = 1, m
         m = wb.sync(SyncConfig(transport="colocated", bucket_mb=1.0, progress=False))
         out.update({k: v for k, v in m.items() if k.startswith(("sync/", "timing/sync/"))})
         g = wb.compare_greedy()
-        out.update({k: v for k, v in g.items() if k != "rollout/samples"})
-        out["rollout/sample"] = g["rollout/samples"][0]
+        out.update(g.metrics)
+        out["rollout/sample"] = g.samples[0]
     out.update({"demo/model_dir": model_dir or "data/tiny-mimo", "timing/demo/total": round(time.perf_counter() - t0, 2),
                 "demo/dtype": "bfloat16" if torch.cuda.is_available() else "float32",  # the trainer's (rank.load)
                 "torch": torch.__version__})

@@ -1,6 +1,7 @@
 """Small experiments the notebooks run on a Workbench, one call per notebook cell.
 
-rollout: engine generations on the arithmetic task, scored with `arith.reward`.
+rollouts come from `wb.rollout` (engine generations scored by the workbench's task); `table` and
+`side_by_side` lay their samples out for a notebook.
 logprob_agreement: the engine's per-token log-probs vs the trainer's own forward on the same tokens.
 sync_measure: a `measure(bucket_bytes)` callable for `labkit.sync.tune` built from real `wb.sync` calls; it is
 `labkit.workbench.sync_bench.sync_measure`, the one `labkit tune` uses, so both tune the same quantity (weight-moving time).
@@ -8,23 +9,10 @@ sync_measure: a `measure(bucket_bytes)` callable for `labkit.sync.tune` built fr
 
 from __future__ import annotations
 
+from dataclasses import asdict, is_dataclass
+
+from labkit.workbench.core import Rollout
 from labkit.workbench.sync_bench import TUNED_KEY, sync_measure  # noqa: F401  (notebook 04 calls ex.sync_measure)
-
-
-def rollout(wb, n: int = 8, seed: int = 0, temperature: float = 0.0, max_new_tokens: int = 6) -> dict:
-    """Generate from the engine; rows carry prompt, completion, reward, token ids, engine log-probs."""
-    from labkit.models.tokenizer import encode
-    from labkit.tasks import arith
-
-    problems = arith.problems(n, seed=seed)
-    ids = [encode(p.prompt) for p in problems]
-    outs = wb.engine.generate(input_ids=ids, sampling={"temperature": temperature, "max_new_tokens": max_new_tokens},
-                              return_logprob=True)
-    rows = [{"prompt": p.prompt, "answer": p.answer, "completion": o["text"],
-             "reward": arith.reward(p, o["text"]), "prompt_ids": i, "tokens": o["tokens"], "logprobs": o["logprobs"],
-             "weight_version": o["meta_info"].get("weight_version")} for p, i, o in zip(problems, ids, outs)]
-    return {"rows": rows, "reward": sum(r["reward"] for r in rows) / len(rows),
-            "weight_version": rows[0]["weight_version"]}
 
 
 def logprob_agreement(wb, rows: list[dict]) -> dict:
@@ -43,7 +31,7 @@ def logprob_agreement(wb, rows: list[dict]) -> dict:
     if missing:
         raise ValueError(f"logprob_agreement: {len(missing)} of {len(rows)} rows carry no engine log-probs, one "
                          f"per token (rows {missing[:8]}): the engine response had no output_token_logprobs; "
-                         "generate with return_logprob=True (experiments.rollout does)")
+                         "generate with return_logprob=True (wb.rollout does)")
     seqs = [r["prompt_ids"] + r["tokens"] for r in rows]
     tokens = torch.full((len(seqs), max(map(len, seqs))), PAD, dtype=torch.long)
     for i, s in enumerate(seqs):
@@ -57,9 +45,17 @@ def logprob_agreement(wb, rows: list[dict]) -> dict:
             "trainer": trainer_lp, "engine": engine_lp}
 
 
-def side_by_side(before: dict, after: dict) -> list[dict]:
-    """Rows of two `rollout` results on the same prompts, for a before/after table."""
-    return [{"prompt": a["prompt"], "answer": a["answer"], "before": a["completion"], "after": b["completion"],
-             "reward before": a["reward"], "reward after": b["reward"],
-             "version": f"{a['weight_version']} -> {b['weight_version']}"}
-            for a, b in zip(before["rows"], after["rows"])]
+def table(r: Rollout) -> list[dict]:
+    """One row per sample for a DataFrame: the problem's own fields (a dataclass's, e.g. the answer), then
+    completion, reward and weight version; token ids and log-probs left out."""
+    return [{**(asdict(s["problem"]) if is_dataclass(s["problem"]) else {"prompt": s["prompt"]}),
+             "completion": s["completion"], "reward": s["reward"], "weight_version": s["weight_version"]}
+            for s in r.samples]
+
+
+def side_by_side(before: Rollout, after: Rollout) -> list[dict]:
+    """Rows of two rollouts on the same prompts (same seed), for a before/after table."""
+    return [{**{k: v for k, v in a.items() if k not in ("completion", "reward", "weight_version")},
+             "before": a["completion"], "after": b["completion"], "reward before": a["reward"],
+             "reward after": b["reward"], "version": f"{a['weight_version']} -> {b['weight_version']}"}
+            for a, b in zip(table(before), table(after))]

@@ -259,9 +259,9 @@ def run(cfg: ServeBenchConfig | None = None, model_dir: str | None = None, progr
         # A large lr: every sync must change some greedy outputs, or a mixed response could not be told apart
         if cfg.backend == "http":
             server = EngineHandle.launch(ecfg)
-            wb = Workbench(model, engine=ecfg, engine_url=server.url, train=TrainConfig(lr=cfg.lr))
+            wb = Workbench(model, engine_cfg=ecfg, engine_url=server.url, train_cfg=TrainConfig(lr=cfg.lr))
         else:  # the handle holds requests while the actor is paused; in-flight ones finish first (one call at a time)
-            wb = Workbench(model, engine=ecfg, train=TrainConfig(lr=cfg.lr))
+            wb = Workbench(model, engine_cfg=ecfg, train_cfg=TrainConfig(lr=cfg.lr))
         guard, spec = guard_for(wb.engine), engine_spec(model, ecfg.dtype)
         prompts = [encode(p.prompt) for p in arith.problems(cfg.prompts, seed=7)]
         idle = []

@@ -119,14 +119,16 @@ def test_engine_serves_the_new_weights_not_stale_prefix_cache(trainer, engine):
     """Log-probs after a sync equal the trainer's, also for prompts whose prefix the engine cached before it."""
     from types import SimpleNamespace
 
-    from labkit.workbench.experiments import logprob_agreement, rollout
+    from labkit.tasks import ArithTask
+    from labkit.workbench.core import rollout
+    from labkit.workbench.experiments import logprob_agreement
 
     wb = SimpleNamespace(trainer=trainer, engine=engine)
-    rollout(wb, n=6, seed=3)  # fills the prefix cache under the old weights
+    rollout(engine, ArithTask(), n=6, seed=3, temperature=0.0)  # fills the prefix cache under the old weights
     _train(trainer, steps=2, seed=300)
     sync(trainer, engine, SyncConfig(transport="colocated", progress=False))
-    after = rollout(wb, n=6, seed=3)
-    agree = logprob_agreement(wb, after["rows"])
+    after = rollout(engine, ArithTask(), n=6, seed=3, temperature=0.0)
+    agree = logprob_agreement(wb, after.samples)
     assert agree["max_abs_diff"] < 1e-4, agree["max_abs_diff"]
 
 
