@@ -20,8 +20,17 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Literal, get_args
 
-from labkit.config import TrainConfig, check
+from labkit.cluster import runtime
+from labkit.cluster.placement import Placement, layout
+from labkit.config import ParallelSpec, TrainConfig, check
+from labkit.engine import EngineConfig, EngineHandle
+from labkit.models.hf import read_config_json
+from labkit.models.tiny import default_model_dir
+from labkit.mtp import rl
+from labkit.mtp.acceptance import expected_accept_length
 from labkit.mtp.rl import RLConfig
+from labkit.sync import SyncConfig, sync
+from labkit.tasks import ArithTask
 
 Arm = Literal["frozen", "trained", "unsynced"]
 ARMS = get_args(Arm)
@@ -58,7 +67,7 @@ class ExperimentConfig:
 def measure(model_dir: str, named: dict, draft: dict | None, eval_ids: list[list[int]], cfg: ExperimentConfig,
             seed: int) -> dict:
     """Speculative decoding with the MTP draft over the given weights; acceptance under stable keys."""
-    from labkit.mtp.speculative import Speculator
+    from labkit.mtp.speculative import Speculator  # torch; the CLI imports this module for its config
 
     spec = Speculator(model_dir, named, draft_weights=draft)
     out = spec.generate(eval_ids, k=cfg.k, temperature=cfg.spec_temperature, max_new_tokens=cfg.rl.max_new_tokens,
@@ -70,10 +79,7 @@ def speculate(model_dir: str | None = None, *, k: int = 2, temperature: float = 
               seed: int = 0, task=None) -> dict:
     """Speculative decoding with a checkpoint's own MTP draft on held-out prompts, no RL: SGLang-named counters
     (accept length, per-position rates) and the accept length theory predicts from the depth-1 rate."""
-    from labkit.mtp.acceptance import expected_accept_length
-    from labkit.mtp.speculative import Speculator
-    from labkit.tasks import ArithTask
-    from labkit.models.tiny import default_model_dir
+    from labkit.mtp.speculative import Speculator  # torch; the CLI imports this module for its config
 
     model_dir = model_dir or default_model_dir()
     task = task or ArithTask()
@@ -90,15 +96,12 @@ def run_arm(arm: str, engine, placement, model_dir: str, cfg: ExperimentConfig, 
             task=None) -> list[dict]:
     from tqdm.auto import tqdm
 
-    from labkit.config import ParallelSpec
-    from labkit.mtp import rl
-    from labkit.sync import SyncConfig, sync
-    from labkit.tasks import ArithTask
-    from labkit.trainer.group import Trainer
 
     task = task or ArithTask()
     scale = 0.0 if arm == "frozen" else cfg.rl.train.mtp_loss_scale
     train = replace(cfg.rl.train, mtp_loss_scale=scale, seed=1234 + cfg.seed)
+    from labkit.trainer.group import Trainer  # crosses Ray and Megatron: the CLI imports this module for its config
+
     trainer = Trainer(model_dir, ParallelSpec(), train, placement=placement)
     rows = []
     try:
@@ -161,12 +164,6 @@ def run(cfg: ExperimentConfig | None = None, *, quick: bool = False, model_dir: 
         progress: bool = True, task=None) -> dict:
     """All arms on one engine (`task`: a labkit.tasks.Task, default arithmetic); returns {"history": per-step
     rows, "metrics": summarize(...)}."""
-    from labkit.cluster import runtime
-    from labkit.cluster.placement import Placement, layout
-    from labkit.engine import EngineConfig, EngineHandle
-    from labkit.models.hf import read_config_json
-    from labkit.models.tiny import default_model_dir
-
     cfg = cfg or (ExperimentConfig.quick() if quick else ExperimentConfig())
     model_dir = model_dir or default_model_dir()
     n_mtp = int(read_config_json(model_dir).get("num_nextn_predict_layers", 0))  # fail before anything starts

@@ -15,6 +15,10 @@ import math
 from dataclasses import dataclass, field
 
 from labkit.config import TrainConfig, check
+from labkit.models.tokenizer import PAD
+from labkit.mtp.acceptance import offline_accept_rate, offline_loop_rate
+from labkit.sync import SyncConfig, sync
+from labkit.tasks import ArithTask
 
 
 def rl_train_config() -> TrainConfig:
@@ -29,7 +33,6 @@ def rl_train_config() -> TrainConfig:
 @dataclass(kw_only=True, slots=True, frozen=True)
 class RLConfig:
     """One GRPO step's rollout and schedule settings; the optimizer and MTP-loss settings are `train`'s."""
-
     prompts: int = 64
     """Prompts per step: the draft relearns the sums from the distinct problems it sees."""
     group: int = 4
@@ -71,8 +74,6 @@ def advantages(rewards: list[float], group: int) -> list[float]:
 def rollout(engine, problems, cfg: RLConfig, task=None) -> list[dict]:
     """`cfg.group` samples per problem from the engine, with the engine's per-token log-probs and the task's
     reward (`task`: a labkit.tasks.Task, default the arithmetic task)."""
-    from labkit.tasks import ArithTask
-
     task = task or ArithTask()
     items = [p for p in problems for _ in range(cfg.group)]
     ids = [task.tokenizer.encode(p.prompt) for p in items]
@@ -88,7 +89,6 @@ def to_batch(rows: list[dict]):
     draft proposes (all but the first, which the prefill emits)."""
     import torch
 
-    from labkit.models.tokenizer import PAD
 
     seqs = [r["prompt_ids"] + r["tokens"] for r in rows]
     tokens = torch.full((len(seqs), max(map(len, seqs))), PAD, dtype=torch.long)
@@ -146,8 +146,6 @@ def rollout_kl(logits, rows: list[dict]) -> dict:
 
 def greedy_accuracy(engine, problems, max_new_tokens: int = 5, task=None) -> float:
     """Mean task reward of the engine's greedy answers (held-out prompts: the policy's accuracy)."""
-    from labkit.tasks import ArithTask
-
     task = task or ArithTask()
     outs = engine.generate(input_ids=[task.tokenizer.encode(p.prompt) for p in problems],
                            sampling={"temperature": 0.0, "max_new_tokens": max_new_tokens})
@@ -169,7 +167,6 @@ def step(trainer, engine, problems, cfg: RLConfig, *, step_index: int = 0, eval_
     """
     import torch
 
-    from labkit.mtp.acceptance import offline_accept_rate, offline_loop_rate
 
     rows = rollout(engine, problems, cfg, task)
     rewards = [r["reward"] for r in rows]
@@ -192,7 +189,6 @@ def step(trainer, engine, problems, cfg: RLConfig, *, step_index: int = 0, eval_
     trainer.set_lr(lr_at(cfg, step_index))
     t = trainer.train_step(tokens, mask, weights=adv)
     m.update({k: t[k] for k in ("train/loss", "mtp/loss", "mtp/kl", "train/grad_norm") if k in t})
-    from labkit.sync import SyncConfig, sync
 
     s = sync(trainer, engine, sync_cfg or SyncConfig(progress=False), exclude=exclude)
     m.update({"sync/verified": s.get("sync/verified"), "sync/weight_version": s.get("sync/weight_version"),

@@ -18,10 +18,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
+from labkit.cluster import runtime
+from labkit.cluster.placement import Placement, layout
 from labkit.config import ParallelSpec, TrainConfig, check
+from labkit.engine import EngineConfig, EngineHandle
 from labkit.models.tiny import default_model_dir
+from labkit.sync import sync
 from labkit.sync.config import SyncConfig
 from labkit.tasks import ArithTask, Task, check_task
+from labkit.trainer.group import Trainer
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,10 +86,6 @@ class Workbench:
         (`wb.engine` is the running handle); `task` supplies problems, reward and batches (default arithmetic)."""
         self.task = task if task is not None else ArithTask()
         check_task(self.task)  # a wrong task object fails here, before Ray, the trainer or the engine start
-        from labkit.cluster import runtime
-        from labkit.cluster.placement import Placement, layout
-        from labkit.engine import EngineConfig, EngineHandle
-        from labkit.trainer.group import Trainer
 
         t0 = time.perf_counter()
         self.model_dir = model_dir or default_model_dir()
@@ -114,8 +115,6 @@ class Workbench:
              exclude: tuple[str, ...] = ()) -> dict:
         """labkit.sync.sync into this engine; `exclude` leaves out tensors whose names contain any of the given
         substrings (they keep their weights and are listed in `sync/unverified`)."""
-        from labkit.sync import sync
-
         return sync(self.trainer, self.engine, cfg or SyncConfig(), weight_version, exclude=exclude)
 
     def rollout(self, n: int = 8, temperature: float = 1.0, seed: int = 0,

@@ -7,15 +7,15 @@ import time
 from pathlib import Path
 
 from labkit.config import ParallelSpec, TrainConfig
+from labkit.models.hf import ReferenceModel
+from labkit.models.tiny import save_weights_as
 from labkit.sync.config import SyncConfig
+from labkit.tasks import arith
+from labkit.workbench.core import Workbench
 
 
 def export_parity(trainer, workdir: str | Path) -> dict:
     """Export -> a fresh transformers model (and MiMo's MTP order) must reproduce the trainer's logits."""
-    from labkit.models.hf import ReferenceModel
-    from labkit.models.tiny import save_weights_as
-    from labkit.tasks import arith
-
     named = trainer.export()
     out_dir = save_weights_as(trainer.model_dir, Path(workdir) / "exported", named)
     tokens, _ = arith.batch(arith.problems(4, seed=12345))
@@ -69,7 +69,6 @@ def run(workdir: str = "runs/demo", steps: int = 10, tp: int = 1, pp: int = 1, m
     (per-tensor baseline, then colocated flattened buckets) -> bitwise verify -> greedy engine == trainer."""
     import torch
 
-    from labkit.workbench import Workbench
 
     t0 = time.perf_counter()
     out: dict = {}

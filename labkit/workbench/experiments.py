@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, is_dataclass
 
+from labkit.models.tokenizer import PAD
+from labkit.mtp.rl import missing_logprobs, paired_logprobs
 from labkit.workbench.core import Rollout
-from labkit.workbench.sync_bench import TUNED_KEY, sync_measure  # noqa: F401  (notebook 04 calls ex.sync_measure)
+from labkit.workbench.sync_bench import TUNED_KEY, sync_measure
 
 
 def logprob_agreement(wb, rows: list[dict]) -> dict:
@@ -24,8 +26,6 @@ def logprob_agreement(wb, rows: list[dict]) -> dict:
     """
     import torch
 
-    from labkit.models.tokenizer import PAD
-    from labkit.mtp.rl import missing_logprobs, paired_logprobs
 
     missing = missing_logprobs(rows)  # before the trainer's forward: fail fast, naming the rows
     if missing:

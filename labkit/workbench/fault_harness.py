@@ -18,6 +18,15 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from labkit import failpoints as fpt
+from labkit.models.tiny import make_tiny_mimo
+from labkit.sync import SyncConfig, engine_spec
+from labkit.sync import bucket as bk
+from labkit.sync import verify as vf
+from labkit.sync.atomic import SyncFailed, guard_for
+from labkit.sync.session import make_plan, metas_of
+from labkit.trainer.group import Trainer
+from labkit.workbench.core import Workbench
 from labkit.workbench.faults import KINDS, QUICK_KINDS, SPEC, FaultsConfig, Trial, plan_trials, summarize
 
 PROBE_S = 2.0  # a generate that answers this fast while the sync is held mid-way was served mid-sync
@@ -83,10 +92,6 @@ class _Killer(threading.Thread):
 
 class Harness:
     def __init__(self, cfg: FaultsConfig, workdir: str):
-        from labkit.models.tiny import make_tiny_mimo
-        from labkit.sync import engine_spec
-        from labkit.workbench import Workbench
-
         self.cfg, self.workdir = cfg, workdir
         self.wb = Workbench(str(make_tiny_mimo(Path(workdir) / "tiny", SPEC)))
         self.spec = engine_spec(self.wb.model_dir, self.wb.engine.cfg.dtype)
@@ -96,8 +101,6 @@ class Harness:
         self.wb.close()
 
     def _restart_trainer(self) -> None:
-        from labkit.trainer.group import Trainer
-
         self.wb.trainer.shutdown()
         self.wb.trainer = Trainer(self.wb.model_dir, self.wb.parallel, placement=self.wb.placement)
         self.restarts["trainer"] += 1
@@ -105,10 +108,6 @@ class Harness:
     def _about_to_send(self, scfg) -> tuple[dict, int, int]:
         """Checksums of what the trainer would send now (engine layout and dtype), its bucket count, and how
         many fused q/k/v groups it holds (where an engine-side fault can land)."""
-        from labkit.sync import bucket as bk
-        from labkit.sync import verify as vf
-        from labkit.sync.session import make_plan, metas_of
-
         named = self.wb.trainer.export()
         dt = bk.torch_dtype(self.spec["dtype"])
         plan = make_plan(metas_of(named), scfg, self.spec["dtype"])
@@ -117,8 +116,6 @@ class Harness:
 
     def _arm(self, t: Trial, n_buckets: int, n_groups: int, tmp: str) -> _Killer | None:
         """Arm the trial's fault (and a probe at sync.begin where the fault itself holds nothing)."""
-        from labkit import failpoints as fpt
-
         wb, engine, cfg = self.wb, self.wb.engine, self.cfg
         trainer0 = wb.trainer.actors[0]
         # The fault's own gate (a hang is never released by the harness) and the probe's, apart.
@@ -147,9 +144,6 @@ class Harness:
         return killer
 
     def trial(self, i: int, t: Trial) -> dict:
-        from labkit.sync import SyncConfig
-        from labkit.sync.atomic import SyncFailed, guard_for
-
         wb, cfg = self.wb, self.cfg
         wb.train(1, batch_size=8, progress=False)
         engine, guard = wb.engine, guard_for(wb.engine)
@@ -186,8 +180,6 @@ class Harness:
 
     def _disarm(self, engine) -> bool:
         """Disarm trainer and engine; restart a trainer the fault killed. True if the trainer had survived."""
-        from labkit import failpoints as fpt
-
         alive = _alive(self.wb.trainer)
         if alive:
             fpt.disarm_in_actor(self.wb.trainer.actors[0])
@@ -201,9 +193,6 @@ class Harness:
 
     def _check(self, engine, guard, t: Trial, old, v_old, new, version, m: dict) -> dict:
         """What the engine serves now (before anything else talks to it), and whether the next sync lands."""
-        from labkit.sync import SyncConfig
-        from labkit.sync.atomic import SyncFailed
-
         cfg = self.cfg
         after, v_after = engine.checksums(), engine.weight_version
         state = "old" if after == old else "new" if after == new else "neither"

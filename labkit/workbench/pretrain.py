@@ -11,15 +11,15 @@ import time
 from pathlib import Path
 
 from labkit.config import ModelSpec, ParallelSpec, TrainConfig
-from labkit.models.tiny import DEFAULT_DIR
+from labkit.models.tiny import DEFAULT_DIR, make_tiny_mimo, save_weights_as
+from labkit.tasks import arith
+from labkit.trainer.group import Trainer
 
 
 
 def lm_batch(problems, answer_only: bool = True):
     """Solved problems ("37+45=82</s>"); loss on the answer tokens (the operands are random: loss there is noise
     the model cannot learn), or on every predicted token."""
-    from labkit.tasks import arith
-
     tokens, mask = arith.batch(problems)
     if not answer_only:
         mask = (tokens != 0).long()
@@ -41,7 +41,6 @@ def _train(trainer, steps: int, lr: float, warmup: int, noise: float, batch_size
            desc: str, progress: bool) -> dict:
     from tqdm.auto import tqdm
 
-    from labkit.tasks import arith
 
     m = {}
     for step in tqdm(range(steps), desc=desc, disable=not progress, mininterval=2.0):
@@ -65,8 +64,6 @@ def pretrain(out_dir: str | Path = DEFAULT_DIR, spec: ModelSpec | None = None, s
     """
     import tempfile
 
-    from labkit.models.tiny import make_tiny_mimo, save_weights_as
-    from labkit.trainer.group import Trainer
 
     spec = spec or ModelSpec()
     t0 = time.perf_counter()

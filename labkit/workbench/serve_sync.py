@@ -17,14 +17,19 @@ requests would keep KV of the old weights; `SyncConfig` says why): it is reporte
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass
-
 from typing import Literal, get_args
 
-from labkit.config import check, check_choice
+from labkit.config import TrainConfig, check, check_choice
+from labkit.engine import EngineConfig, EngineHandle
 from labkit.engine.config import PAUSE_MODES, PauseMode
+from labkit.models.tiny import make_tiny_mimo
+from labkit.models.tokenizer import encode
+from labkit.sync import SyncConfig, engine_spec
+from labkit.tasks import arith
+from labkit.workbench.load import Clients
+from labkit.workbench.faults import SPEC
 
 MODES = PAUSE_MODES
 OUTCOMES = ("ok", "spanned", "aborted", "mixed")
@@ -93,74 +98,6 @@ def classify(tokens: list[int], meta: dict, expected) -> str:
     return "ok" if len(spans) == 1 else "spanned"
 
 
-class _Clients:
-    """Client threads: greedy requests in a loop while `go` is set; each row records its times and answer."""
-
-    def __init__(self, engine, prompts: list[list[int]], cfg: ServeBenchConfig):
-        self.engine, self.prompts, self.cfg = engine.portable(call_timeout_s=cfg.timeout_s), prompts, cfg
-        self.go, self.stop, self.lock = threading.Event(), threading.Event(), threading.Lock()
-        self.rows, self.in_flight, self.sent, self.quota = [], 0, 0, 0
-        self.deadline = time.monotonic() + cfg.max_seconds
-        self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(cfg.clients)]
-
-    def _take(self) -> int | None:
-        with self.lock:
-            if self.stop.is_set() or self.sent >= self.quota or time.monotonic() > self.deadline:
-                return None
-            self.sent += 1
-            self.in_flight += 1
-            return self.sent - 1
-
-    def _loop(self) -> None:
-        sampling = {"temperature": 0.0, "max_new_tokens": self.cfg.max_new_tokens, "ignore_eos": True}
-        while not self.stop.is_set() and time.monotonic() < self.deadline:
-            if not self.go.wait(timeout=0.2):
-                continue
-            i = self._take()
-            if i is None:
-                if self.stop.is_set() or time.monotonic() > self.deadline:
-                    return
-                time.sleep(0.02)  # this sync's share is spent: wait for the next one
-                continue
-            p, t0, row = i % len(self.prompts), time.monotonic(), None
-            try:
-                out = self.engine.generate(input_ids=[self.prompts[i % len(self.prompts)]], sampling=sampling)[0]
-                row = {"prompt": p, "tokens": out["tokens"], "meta": out["meta_info"]}
-            except Exception as e:  # noqa: BLE001 - every failure is a row ("failed")
-                row = {"prompt": p, "error": f"{type(e).__name__}: {e}"[:300]}
-            row.update(t0=t0, t1=time.monotonic())
-            with self.lock:
-                self.rows.append(row)
-                self.in_flight -= 1
-
-    def open(self, n: int) -> None:
-        """Let `n` more requests go (one sync's share of max_requests)."""
-        with self.lock:
-            self.quota = self.sent + n
-        self.go.set()
-
-    def wait_in_flight(self) -> bool:
-        """Bounded wait until a request is in flight, so the sync that follows overlaps one by construction
-        (CI once saw a run where the stream's whole budget was spent before the sync started)."""
-        end = time.monotonic() + self.cfg.timeout_s
-        while not self.in_flight and time.monotonic() < end:
-            time.sleep(0.005)
-        return self.in_flight > 0
-
-    def drain(self) -> None:
-        """Stop sending; wait (bounded) until no request is in flight."""
-        self.go.clear()
-        end = time.monotonic() + self.cfg.timeout_s
-        while self.in_flight and time.monotonic() < end:
-            time.sleep(0.02)
-
-    def close(self) -> None:
-        self.stop.set()
-        self.go.set()
-        for t in self.threads:
-            t.join(timeout=self.cfg.timeout_s)
-
-
 def _greedy(engine, prompts: list[list[int]], n: int) -> list[list[int]]:
     outs = engine.generate(input_ids=prompts, sampling={"temperature": 0.0, "max_new_tokens": n, "ignore_eos": True})
     return [o["tokens"] for o in outs]
@@ -189,12 +126,11 @@ def _check(rows: list[dict], prompts, refs: dict, engine, cfg: ServeBenchConfig)
 
 
 def run_mode(wb, guard, spec, mode: str, prompts, refs: dict, cfg: ServeBenchConfig) -> dict:
-    from labkit.sync import SyncConfig
-    from labkit.sync.atomic import SyncFailed
+    from labkit.sync.atomic import SyncFailed  # crosses torch: the CLI imports this module for its config
 
     scfg = SyncConfig(bucket_mb=cfg.bucket_mb, progress=False, timeout_s=cfg.timeout_s,
                       deadline_s=4 * cfg.timeout_s, pause_mode=mode)
-    clients, windows, failed_syncs = _Clients(wb.engine, prompts, cfg), [], []
+    clients, windows, failed_syncs = Clients(wb.engine, prompts, cfg), [], []
     for t in clients.threads:
         t.start()
     try:
@@ -236,19 +172,14 @@ def summarize_mode(rows: list[dict], windows: list[dict], failed_syncs: list[str
 
 def run(cfg: ServeBenchConfig | None = None, model_dir: str | None = None, progress: bool = True) -> dict:
     """One SGLang HTTP server (127.0.0.1) and one trainer for all modes; a tiny random MiMo unless model_dir."""
+    # Both cross torch and Ray: the CLI imports this module for ServeBenchConfig only.
+    from labkit.sync.atomic import guard_for
+    from labkit.workbench.core import Workbench
+
     import shutil
     import tempfile
     from pathlib import Path
 
-    from labkit.config import TrainConfig
-    from labkit.engine import EngineConfig, EngineHandle
-    from labkit.workbench.faults import SPEC
-    from labkit.models.tiny import make_tiny_mimo
-    from labkit.models.tokenizer import encode
-    from labkit.sync import SyncConfig, engine_spec
-    from labkit.sync.atomic import guard_for
-    from labkit.tasks import arith
-    from labkit.workbench import Workbench
 
     cfg, t_start, tmp = cfg or ServeBenchConfig(), time.perf_counter(), tempfile.mkdtemp(prefix="labkit_serve_")
     server = wb = None

@@ -11,7 +11,10 @@ import time
 from pathlib import Path
 
 from labkit.config import ModelSpec
+from labkit.models.tiny import make_tiny_mimo
+from labkit.sync import tune as tn
 from labkit.sync.config import MB, SyncConfig
+from labkit.workbench.core import Workbench
 
 # ~79 M parameters, 316 MB in fp32, 307 tensors: the tiny family scaled up by its size arguments.
 BENCH_SPEC = ModelSpec(hidden=512, layers=24, heads=8, kv_heads=4, ffn=1536, mtp_layers=1, seed=0)
@@ -80,8 +83,6 @@ def sync_measure(wb, transport: str = "colocated", repeats: int = 2, warmup: boo
 
 
 def _workbench(spec: ModelSpec, workdir: str | Path):
-    from labkit.models.tiny import make_tiny_mimo
-    from labkit.workbench import Workbench
 
     model_dir = make_tiny_mimo(Path(workdir) / "bench-model", spec)
     return Workbench(str(model_dir))
@@ -148,8 +149,6 @@ def tune(spec: ModelSpec = BENCH_SPEC, transport: str = "colocated", lo_mb: floa
     """Sweep log-spaced bucket sizes under the memory budget, then let the autotuner find one in <= max_trials.
 
     Both minimise the weight-moving time (`TUNED_KEY`, `sync_measure`), as notebook 04 does."""
-    from labkit.sync import tune as tn
-
     sizes = tn.candidates(int(lo_mb * MB), int(hi_mb * MB), int(memory_budget_mb * MB))
     with _workbench(spec, workdir) as wb:
         measure = sync_measure(wb, transport, repeats=2, memory_budget_mb=memory_budget_mb)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING
+from labkit.mtp.acceptance import expected_accept_length
 
 if TYPE_CHECKING:  # plotly is imported lazily: `import labkit.workbench.viz` stays cheap
     import plotly.graph_objects as go
@@ -124,7 +125,6 @@ def acceptance(history: list[dict], title: str = "MTP draft acceptance under RL"
     """
     from plotly.subplots import make_subplots
 
-    from labkit.mtp.acceptance import expected_accept_length
 
     fig = make_subplots(rows=1, cols=3, subplot_titles=("accept rate", "reward", "accept length vs theory"))
     arms = list(dict.fromkeys(h["arm"] for h in history))
