@@ -178,7 +178,13 @@ def _positive_float(name):
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="labkit", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
+    for add in (_add_main_commands, _add_bench_commands, _add_research_commands, _add_tool_commands):
+        add(sub)
+    return p
 
+
+def _add_main_commands(sub) -> None:
+    """doctor, demo, sync: the main job and its parts."""
     d = sub.add_parser("doctor", help="versions, devices and active compat layers")
     d.add_argument("--json", action="store_true")
     d.set_defaults(fn=cmd_doctor)
@@ -201,6 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true")
     d.set_defaults(fn=cmd_sync)
 
+
+def _add_bench_commands(sub) -> None:
+    """bench, tune: measurements (JSON)."""
     d = sub.add_parser("bench", help="benchmarks; `labkit bench sync`: per-tensor vs bucketed vs memcpy; "
                                      "`labkit bench serve-sync`: syncs under generate traffic, per pause mode")
     d.add_argument("what", choices=["sync", "serve-sync"])
@@ -227,6 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true")
     d.set_defaults(fn=cmd_tune)
 
+
+def _add_research_commands(sub) -> None:
+    """mtp-experiment, faults: the experiments whose runs live in data/."""
     d = sub.add_parser("mtp-experiment", help="RL with the MTP draft: arms frozen/trained/unsynced, acceptance per step")
     d.add_argument("--steps", type=int, default=None, help="RL steps per arm (default 60; --quick: 2)")
     d.add_argument("--arms", default=None,
@@ -255,6 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true")
     d.set_defaults(fn=cmd_faults)
 
+
+def _add_tool_commands(sub) -> None:
+    """report, notebook, pretrain."""
     d = sub.add_parser("report", help="rebuild the README's tables from the stored runs in data/")
     d.add_argument("--check", action="store_true", help="change nothing; exit 1 if a table is stale")
     d.set_defaults(fn=cmd_report)
@@ -269,7 +284,6 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--post-steps", type=int, default=600, help="trunk-only post-training steps (the draft goes stale)")
     d.add_argument("--json", action="store_true")
     d.set_defaults(fn=cmd_pretrain)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -93,9 +93,7 @@ class _Local:
             return consumer.run(iter(named), engine, cfg, engine_spec, weight_version, exclude=tuple(exclude))
         finally:
             # The driver keeps no consumer between calls: free its (possibly shared-memory) buffers now.
-            if consumer.pool is not None:
-                consumer.pool.close()
-                consumer.pool = None
+            consumer.close()
 
 
 def _checked_spec(engine, exclude) -> dict:

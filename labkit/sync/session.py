@@ -98,6 +98,12 @@ class Syncer:
         self.pool: bk.BufferPool | None = None
         self.version = 0
 
+    def close(self) -> None:
+        """Free the reusable buffers now (shared-memory files for the colocated transport), not at exit."""
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
     def run(self, named_iter, engine, cfg: SyncConfig, engine_spec: dict | None = None,
             weight_version: str | None = None, exclude: tuple[str, ...] = ()) -> dict:
         """prepare -> open the session -> stream the buckets -> close the session -> hooks' results -> metrics.

@@ -183,10 +183,10 @@ class TrainerRank:
                for n, t in fixes.export_unique(self.bridge, self.models, fast=fast)]
         return out if self.rank == 0 else None
 
-
     def sync(self, consumer, engine, cfg, engine_spec: dict | None = None, weight_version: str | None = None,
              exclude: tuple[str, ...] = ()) -> dict | None:
-        """Hand this rank's export to `consumer.run(named_iter, engine, cfg, engine_spec, weight_version, exclude)`.
+        """Hand this rank's export to `consumer.run(named_iter, engine, cfg, engine_spec, weight_version, exclude)`
+        (a consumer also has `close()`, called by `release`).
         Every rank must call it (the export is collective); rank 0 runs the consumer and returns its metrics.
 
         The consumer comes from the sync layer (`labkit.sync.session.Syncer`), pickled by Ray by reference to
@@ -222,21 +222,12 @@ class TrainerRank:
         this process is dead).
         """
         for consumer in self.__dict__.pop("consumers", {}).values():
-            _close(consumer)
+            consumer.close()  # a consumer frees its buffers (the Syncer: its pool)
 
         reductions.shared_cache.free_dead_references()
         prefix, shm = f"torch_{os.getpid()}_", "/dev/shm"
         left = sorted(f for f in os.listdir(shm) if f.startswith(prefix)) if os.path.isdir(shm) else []
         return {"pid": os.getpid(), "shm_left": left}
-
-
-def _close(consumer) -> None:
-    """Free a kept consumer's buffers: its own `close()` if it has one, else its buffer pool (the Syncer's)."""
-    if callable(getattr(consumer, "close", None)):
-        consumer.close()
-    elif getattr(consumer, "pool", None) is not None:
-        consumer.pool.close()
-        consumer.pool = None
 
 
 def _make_batch(tokens, loss_mask, weights):
