@@ -8,7 +8,12 @@ from labkit.sync.plan import fused_group
 
 
 class _Recorder:
-    pool = None
+    """A consumer (run + close) that records the order it is handed."""
+
+    closed = False
+
+    def close(self):
+        self.closed = True
 
     def run(self, named_iter, engine, cfg, engine_spec=None, weight_version=None, exclude=()):
         self.names = [n for n, _ in named_iter]
@@ -22,6 +27,7 @@ def test_local_producer_brings_fused_groups_together_in_first_seen_order():
     rec = _Recorder()
     m = _Local((n, torch.zeros(1)) for n in names).sync(rec, None, None, None, "v1", exclude=["x"])
     assert m == {"exclude": ("x",), "version": "v1"} and sorted(rec.names) == names
+    assert rec.closed  # the driver keeps no consumer: its buffers are freed at once
     groups = [fused_group(n) for n in rec.names]
     runs = [g for i, g in enumerate(groups) if i == 0 or groups[i - 1] != g]
     assert len(runs) == len(set(groups)), rec.names  # each group is one contiguous run
