@@ -56,7 +56,7 @@ def init(address: str | None = None, num_cpus: int | None = None) -> dict:
                 try:
                     ray.init(**kw)
                     break
-                except Exception as e:  # a loaded 2-core box misses Ray's fixed 30 s raylet deadline at times
+                except Exception as e:  # a loaded small CPU host misses Ray's fixed 30 s raylet deadline at times
                     ray.shutdown()
                     if "timed out during startup" not in str(e) or attempt == START_ATTEMPTS - 1:
                         raise RuntimeError(f"local Ray did not start ({START_ATTEMPTS} attempts; the machine may "

@@ -132,7 +132,7 @@ class EngineConfig:
                                  "(labkit.mtp.speculative measures acceptance on CPU)")
             kw.update(self.speculative.sglang_kwargs(self.model_dir))
         if device == "cpu":
-            # An idle scheduler otherwise spins one core at 100% (measured), half of this 2-core box; with
+            # An idle scheduler otherwise spins one core at 100% (measured; half of a 2-core CPU); with
             # this it blocks in zmq poll (1 s timeout) and wakes at once on a request.
             kw["sleep_on_idle"] = True
         return kw

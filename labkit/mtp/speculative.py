@@ -67,8 +67,8 @@ def verify_sampled(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor,
 
 @contextmanager
 def _one_thread(device: torch.device):
-    """The tensors here are tiny: on CPU, intra-op threads only add synchronization (10x slower for 256 prompts
-    on a loaded 2-core box), so decoding runs on one thread and restores the setting after."""
+    """The tensors here are tiny: on CPU, intra-op threads only add synchronization (measured 10x slower for 256
+    prompts on a loaded 2-core CPU), so decoding runs on one thread and restores the setting after."""
     before = torch.get_num_threads()
     if device.type == "cpu":
         torch.set_num_threads(1)

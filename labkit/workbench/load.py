@@ -55,7 +55,7 @@ class Clients:
 
     def wait_in_flight(self) -> bool:
         """Bounded wait until a request is in flight, so the sync that follows overlaps one by construction
-        (CI once saw a run where the stream's whole budget was spent before the sync started)."""
+        (otherwise the stream's whole budget can be spent before the sync starts, and nothing is tested)."""
         end = time.monotonic() + self.cfg.timeout_s
         while not self.in_flight and time.monotonic() < end:
             time.sleep(0.005)
