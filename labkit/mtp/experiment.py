@@ -69,8 +69,8 @@ def measure(model_dir: str, named: dict, draft: dict | None, eval_ids: list[list
     """Speculative decoding with the MTP draft over the given weights; acceptance under stable keys."""
     from labkit.mtp.speculative import Speculator  # torch; the CLI imports this module for its config
 
-    spec = Speculator(model_dir, named, draft_weights=draft)
-    out = spec.generate(eval_ids, k=cfg.k, temperature=cfg.spec_temperature, max_new_tokens=cfg.rl.max_new_tokens,
+    speculator = Speculator(model_dir, named, draft_weights=draft)
+    out = speculator.generate(eval_ids, k=cfg.k, temperature=cfg.spec_temperature, max_new_tokens=cfg.rl.max_new_tokens,
                         seed=seed, progress=False)
     return {k: v for k, v in out["metrics"].items() if k.startswith("mtp/")}
 

@@ -38,10 +38,10 @@ def sync(trainer, engine, cfg: SyncConfig | None = None, weight_version: str | N
     from labkit.sync.session import Syncer
 
     cfg = cfg or SyncConfig()
-    spec = _checked_spec(engine, exclude)
+    expected = _checked_expected(engine, exclude)
     if cfg.atomic:
-        return guard_for(engine).sync(trainer, cfg, spec, weight_version, tuple(exclude))
-    return trainer.sync(Syncer(), engine.portable(), cfg, spec, weight_version, exclude=tuple(exclude))
+        return guard_for(engine).sync(trainer, cfg, expected, weight_version, tuple(exclude))
+    return trainer.sync(Syncer(), engine.portable(), cfg, expected, weight_version, exclude=tuple(exclude))
 
 
 def stream(named_tensors, engine, cfg: SyncConfig | None = None, weight_version: str | None = None,
@@ -68,11 +68,11 @@ def stream(named_tensors, engine, cfg: SyncConfig | None = None, weight_version:
     from labkit.sync.session import Syncer
 
     cfg = cfg or SyncConfig()
-    spec = _checked_spec(engine, exclude)
+    expected = _checked_expected(engine, exclude)
     producer = _Local(named_tensors)
     if cfg.atomic:
-        return guard_for(engine).sync(producer, cfg, spec, weight_version, tuple(exclude))
-    return producer.sync(Syncer(), engine.portable(call_timeout_s=cfg.timeout_s), cfg, spec, weight_version,
+        return guard_for(engine).sync(producer, cfg, expected, weight_version, tuple(exclude))
+    return producer.sync(Syncer(), engine.portable(call_timeout_s=cfg.timeout_s), cfg, expected, weight_version,
                          exclude=tuple(exclude))
 
 
@@ -96,13 +96,14 @@ class _Local:
             consumer.close()
 
 
-def _checked_spec(engine, exclude) -> dict:
-    """The engine's spec, after refusing an `exclude` that is not a tuple of substrings or that names everything."""
+def _checked_expected(engine, exclude) -> dict:
+    """What the engine expects (engine_spec), after refusing an `exclude` that is not a tuple of substrings or that
+    names everything."""
     # A bare string would exclude by its characters; "" matches every name.
     check(isinstance(exclude, (tuple, list)) and all(isinstance(x, str) and x for x in exclude), "exclude",
           exclude, "a tuple of non-empty name substrings")
-    spec = engine_spec(engine.cfg.model_dir, engine.cfg.dtype)
-    if exclude and all(any(x in n for x in exclude) for n in spec["tensors"]):
-        raise ValueError(f"empty sync refused: exclude={tuple(exclude)!r} names all {len(spec['tensors'])} tensors "
+    expected = engine_spec(engine.cfg.model_dir, engine.cfg.dtype)
+    if exclude and all(any(x in n for x in exclude) for n in expected["tensors"]):
+        raise ValueError(f"empty sync refused: exclude={tuple(exclude)!r} names all {len(expected['tensors'])} tensors "
                          "of the engine's model; nothing would be sent or verified")
-    return spec
+    return expected

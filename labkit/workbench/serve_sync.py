@@ -125,7 +125,7 @@ def _check(rows: list[dict], prompts, refs: dict, engine, cfg: ServeBenchConfig)
         r["outcome"] = classify(r["tokens"], r["meta"], expected)
 
 
-def run_mode(wb, guard, spec, mode: str, prompts, refs: dict, cfg: ServeBenchConfig) -> dict:
+def run_mode(wb, guard, expected, mode: str, prompts, refs: dict, cfg: ServeBenchConfig) -> dict:
     from labkit.sync.atomic import SyncFailed  # crosses torch: the CLI imports this module for its config
 
     scfg = SyncConfig(bucket_mb=cfg.bucket_mb, progress=False, timeout_s=cfg.timeout_s,
@@ -140,7 +140,7 @@ def run_mode(wb, guard, spec, mode: str, prompts, refs: dict, cfg: ServeBenchCon
             clients.wait_in_flight()  # the stream is running when the sync starts
             n_pauses, t0 = len(wb.engine.pauses), time.monotonic()
             try:
-                guard.sync(wb.trainer, scfg, spec, f"{mode}-{k + 1}")
+                guard.sync(wb.trainer, scfg, expected, f"{mode}-{k + 1}")
             except SyncFailed as e:
                 failed_syncs.append(str(e)[:300])
             t1 = time.monotonic()
@@ -193,14 +193,14 @@ def run(cfg: ServeBenchConfig | None = None, model_dir: str | None = None, progr
             wb = Workbench(model, engine_cfg=ecfg, engine_url=server.url, train_cfg=TrainConfig(lr=cfg.lr))
         else:  # the handle holds requests while the actor is paused; in-flight ones finish first (one call at a time)
             wb = Workbench(model, engine_cfg=ecfg, train_cfg=TrainConfig(lr=cfg.lr))
-        guard, spec = guard_for(wb.engine), engine_spec(model, ecfg.dtype)
+        guard, expected = guard_for(wb.engine), engine_spec(model, ecfg.dtype)
         prompts = [encode(p.prompt) for p in arith.problems(cfg.prompts, seed=7)]
         idle = []
         for k in range(2):  # the first also adopts the model dir as last good copy: report the second
             wb.train(1, batch_size=8, progress=False)
             t0 = time.monotonic()
             guard.sync(wb.trainer, SyncConfig(bucket_mb=cfg.bucket_mb, progress=False, timeout_s=cfg.timeout_s,
-                                              deadline_s=4 * cfg.timeout_s), spec, f"idle-{k + 1}")
+                                              deadline_s=4 * cfg.timeout_s), expected, f"idle-{k + 1}")
             idle.append(time.monotonic() - t0)
         refs = {wb.engine.weight_version: dict(enumerate(_greedy(wb.engine, prompts, cfg.max_new_tokens)))}
         per_mode = {}
@@ -208,7 +208,7 @@ def run(cfg: ServeBenchConfig | None = None, model_dir: str | None = None, progr
             if progress:
                 print(f"serve-sync: mode {mode} ...", flush=True)
             try:
-                per_mode[mode] = run_mode(wb, guard, spec, mode, prompts, refs, cfg)
+                per_mode[mode] = run_mode(wb, guard, expected, mode, prompts, refs, cfg)
             except ValueError as e:  # refused by design before any traffic (in_place under the atomic guard)
                 per_mode[mode] = {"refused": str(e)}
             except Exception as e:  # noqa: BLE001 - e.g. the engine stopped answering: later modes cannot run
