@@ -1,10 +1,15 @@
-"""The `labkit` command line. Every subcommand with --json ends with one JSON object on the last stdout line."""
+"""The `labkit` command line. Every subcommand with --json ends with one JSON object on the last stdout line.
+
+Flags come from the configs' fields (labkit.config.add_arguments); a subcommand imports what it runs when it
+runs, so `labkit --help` and a refused flag load no torch, Ray or SGLang."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
+from pathlib import Path
 
 from labkit.config import ParallelSpec, add_arguments, choices
 from labkit.engine.config import EngineConfig
@@ -124,14 +129,12 @@ def cmd_mtp_experiment(args) -> int:
 
 
 def cmd_faults(args) -> int:
-    from labkit.workbench import faults
+    from labkit.workbench import fault_harness, faults
 
     # Validate every flag before anything starts (FaultsConfig names the bad value).
     default = faults.FaultsConfig()
     trials = args.trials if args.trials is not None else (len(faults.QUICK_KINDS) if args.quick else default.trials)
     cfg = faults.FaultsConfig(trials=trials, seed=args.seed, quick=args.quick)
-    from labkit.workbench import fault_harness
-
     out = fault_harness.run(cfg)
     if not args.rows:
         out.pop("faults/rows", None)
@@ -155,9 +158,6 @@ _COMMAND: list[str] = []  # this invocation's argv: a stored run says what made 
 def _write(metrics: dict, path: str | None) -> None:
     """`--out PATH`: the run as JSON, led by the command that made it (stored runs under data/ are quoted)."""
     if path:
-        import shlex
-        from pathlib import Path
-
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         record = {"command": shlex.join(["labkit", *_COMMAND]), **metrics}
         Path(path).write_text(json.dumps(record, indent=2, default=str))
