@@ -47,7 +47,7 @@ def test_stream_lands_a_shifted_model_bitwise(transport, atomic, engine, shifted
     assert now == vf.expected_checksums({n: t.float() for n, t in shifted.items()})
     assert all(now[n] != before[n] for n in before)  # every tensor really moved
     name = "model.layers.1.mlp.down_proj.weight"
-    assert torch.equal(engine.get_tensor(name), shifted[name].float())
+    assert torch.equal(engine.get_weights_by_name(name), shifted[name].float())
     # Control: the comparison is bitwise, one ulp off in one tensor is a mismatch.
     off = dict(shifted)
     off[name] = torch.nextafter(off[name].float(), torch.tensor(float("inf")))
