@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
 
+from labkit.compat import quiet
 from labkit.config import ParallelSpec, add_arguments, choices
 from labkit.engine.config import EngineConfig
 from labkit.mtp.experiment import ExperimentConfig
@@ -47,6 +49,7 @@ def cmd_demo(args) -> int:
     _emit(m, args.json)
     for f in failed:  # a demo whose checks fail must not look like a passing one (exit 0)
         print(f"labkit demo: check failed: {f}", file=sys.stderr)
+    print(demo.summary(m, failed), file=sys.stderr if args.json else sys.stdout)
     return code
 
 
@@ -177,6 +180,7 @@ def _positive_float(name):
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="labkit", description=__doc__)
+    p.add_argument("-v", "--verbose", action="store_true", help="show every warning (LABKIT_VERBOSE=1)")
     sub = p.add_subparsers(dest="cmd", required=True)
     for add in (_add_main_commands, _add_bench_commands, _add_research_commands, _add_tool_commands):
         add(sub)
@@ -293,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return notebook.main(argv[1:])
     args = build_parser().parse_args(argv)
+    if args.verbose:  # before anything starts: the actors and their children read it (labkit.compat.quiet)
+        os.environ[quiet.VERBOSE_ENV] = "1"
     _COMMAND[:] = argv
     try:
         return args.fn(args)

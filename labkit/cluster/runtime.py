@@ -13,7 +13,7 @@ import os
 import secrets
 import socket
 
-from labkit.compat import loopback
+from labkit.compat import loopback, quiet
 
 START_ATTEMPTS = 3
 log = logging.getLogger(__name__)
@@ -41,6 +41,7 @@ def init(address: str | None = None, num_cpus: int | None = None) -> dict:
     import ray
 
     if not ray.is_initialized():
+        quiet.install()  # before Ray starts: a local cluster's workers inherit this environment
         address = address or os.environ.get("RAY_ADDRESS") or None
         if address:
             ray.init(address=address, logging_level="WARNING")

@@ -16,6 +16,7 @@ import time
 import psutil
 
 from labkit.cluster.runtime import wait_dead
+from labkit.compat import quiet
 from labkit.compat import sglang as compat
 from labkit.engine.errors import EngineUnreachable
 
@@ -83,6 +84,7 @@ class EngineActor:
 
     def __init__(self, cfg):
         self.cfg, self.engine, self.error, self._closed, self._paused = cfg, None, None, False, False
+        quiet.install()  # before SGLang is imported here or in its scheduler/detokenizer subprocesses
         self.layers = compat.apply()
         # SGLang's registry serves our MiMo (adds get_weights_by_name) and loads its own zoo on demand.
         os.environ.setdefault("SGLANG_EXTERNAL_MODEL_PACKAGE", MODEL_PACKAGE)
@@ -93,6 +95,10 @@ class EngineActor:
 
             device = "cuda" if torch.cuda.is_available() else "cpu"
             self.engine = sglang.Engine(**cfg.sglang_kwargs(device), custom_sigquit_handler=_launch_sigquit)
+            # What startup built (model, allocators, modules) lives as long as the engine. SGLang's freeze_gc
+            # moves it out of the collector's reach, so a later gc.collect() walks only newer objects; SGLang's
+            # CPU empty_cache runs one in every flush_cache, i.e. in every weight-update session.
+            self.engine.freeze_gc()
         except BaseException as e:  # incl. _LaunchFailed raised from the signal handler
             time.sleep(0.5)  # let the pump take the child's last lines
             self.error = f"{type(e).__name__}: {e}\n--- SGLang's error ---\n{self._tee.root_cause()}"

@@ -63,6 +63,7 @@ class _State:
     unverified: list[str] | None = None
     device: str = "cpu"
     release: bool = False  # the KV cache is released while weights are in flight
+    cold: bool = False  # planned or allocated buffers this time (a warm sync replays both)
     version: str = ""
     extra: int = 0  # the reusable flat buffers (or, per tensor, one cast copy in flight)
     peak: int = 0
@@ -141,7 +142,7 @@ class Syncer:
         if replan:
             self.plan = make_plan(metas_of(named_iter), cfg, engine_spec and engine_spec.get("dtype"))
             self.pool = None
-        s.plan = self.plan
+        s.plan, s.cold = self.plan, replan
         try:  # before the first byte moves
             s.unverified = check_coverage(s.plan, None if engine_spec is None else engine_spec["tensors"], exclude,
                                           len(excluded))
@@ -162,6 +163,7 @@ class Syncer:
         normal = max((b.nbytes for b in s.plan.buckets if not b.oversize), default=1)
         if s.transport.flattened and (self.pool is None or self.pool.nbytes < normal):
             self.pool = bk.BufferPool(normal, device=s.device, shared=s.cfg.transport == "colocated")
+            s.cold = True
         # Memory the sync adds: the reusable flat buffers (or, per tensor, one cast copy in flight).
         s.extra = s.peak = self.pool.allocated_bytes if s.transport.flattened else s.plan.largest_tensor_bytes
 
@@ -275,6 +277,7 @@ def _metrics(s: _State, result: dict) -> dict:
     out.update({
         "timing/sync/total": round(total, 6),
         "sync/transport": s.cfg.transport,
+        "sync/cold": s.cold,  # True: this sync's setup planned or allocated, a one-off an RL loop pays once
         "sync/bytes": plan.total_bytes,
         "sync/num_tensors": len(plan.tensors),
         "sync/num_buckets": len(plan.buckets),

@@ -15,7 +15,7 @@ import torch
 from torch.multiprocessing import reductions
 
 from labkit.cluster.runtime import node_ip
-from labkit.compat import loopback
+from labkit.compat import loopback, quiet
 from labkit.compat import megatron as compat
 from labkit.config import ParallelSpec, TrainConfig
 from labkit.models.hf import load_hf_config
@@ -45,6 +45,7 @@ class TrainerRank:
     """Megatron model + optimizer on one rank. Construct with the rank's place in the world, then `load()`."""
 
     def __init__(self, *, parallel: ParallelSpec, train: TrainConfig, threads: int | None = None):
+        quiet.install()  # before Megatron is imported (setup): its CPU-box warnings say nothing actionable
         if threads:
             torch.set_num_threads(threads)
         self.parallel, self.train_cfg = parallel, train

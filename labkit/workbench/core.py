@@ -18,6 +18,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
+import torch
+import torch.nn.functional as F
+
 from labkit.cluster import runtime
 from labkit.cluster.placement import Placement, layout
 from labkit.config import ParallelSpec, TrainConfig, check
@@ -37,6 +40,27 @@ class Rollout:
 
     samples: list[dict] = field(default_factory=list)
     metrics: dict = field(default_factory=dict)
+
+
+# Supervised steps from the shipped checkpoint, which is converged (its post-training ended at lr 5e-5). A fresh
+# Adam moves every weight by ~lr in its first steps whatever the gradient, so TrainConfig's lr=1e-3 made the loss
+# go up: eval loss 0.137 -> 0.419 in 10 steps (0.894 with the MTP loss off: the MTP loss was not the cause). At
+# lr=1e-4, with the draft's gradient kept off the trunk as in RL, it goes down: 0.137 -> 0.122.
+FINETUNE = TrainConfig(lr=1e-4, mtp_detach=True)
+EVAL_SEED = 2_000_000_011  # training batches draw seed (1 + steps done) * 100_003 + step, far below this
+
+
+def eval_loss(trainer, task: Task, n: int = 256, seed: int = EVAL_SEED) -> float:
+    """train/loss's quantity (next-token cross-entropy on the task's masked tokens, over the trainer's full
+    logits) on a fixed batch of `n` problems that no training step draws, without an update. train/loss is one
+    16-problem batch per step and too noisy to say whether training helped; this is the number to compare."""
+    tokens, mask = task.batch(task.problems(n, seed=seed))
+    logits = trainer.forward(tokens)["logits"].float()
+    labels = torch.roll(tokens.long(), -1, dims=1)
+    target = torch.roll(mask.float(), -1, dims=1)  # the mask marks target tokens; the predictor is one to the left
+    target[:, -1] = 0.0
+    ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view_as(target)
+    return float((ce * target).sum() / target.sum().clamp(min=1.0))
 
 
 def train(trainer, steps: int, batch_size: int = 16, seed: int = 0, progress: bool = True,
@@ -82,8 +106,9 @@ class Workbench:
     def __init__(self, model_dir: str | None = None, parallel: ParallelSpec | None = None, *,
                  train_cfg: TrainConfig | None = None, engine_cfg=None, task: Task | None = None,
                  placement: str = "colocated", engine_url: str | None = None):
-        """`train_cfg` configures the trainer (`wb.train` is the method that trains), `engine_cfg` the engine
-        (`wb.engine` is the running handle); `task` supplies problems, reward and batches (default arithmetic)."""
+        """`train_cfg` configures the trainer (default FINETUNE; `wb.train` is the method that trains),
+        `engine_cfg` the engine (`wb.engine` is the running handle); `task` supplies problems, reward and
+        batches (default arithmetic)."""
         self.task = task if task is not None else ArithTask()
         check_task(self.task)  # a wrong task object fails here, before Ray, the trainer or the engine start
 
@@ -94,7 +119,7 @@ class Workbench:
         # Colocated: a trainer rank and the engine share a bundle (2 logical CPUs: one actor each).
         cpus = 2.0 if placement == "colocated" else 1.0
         self.placement = Placement(layout(placement, self.parallel.world_size, 1, cpus_per_bundle=cpus))
-        self.trainer = Trainer(self.model_dir, self.parallel, train_cfg or TrainConfig(), placement=self.placement)
+        self.trainer = Trainer(self.model_dir, self.parallel, train_cfg or FINETUNE, placement=self.placement)
         cfg = engine_cfg or EngineConfig(model_dir=self.model_dir, dtype="float32", max_total_tokens=4096,
                                          mem_fraction_static=0.05)
         if engine_url:
@@ -110,6 +135,10 @@ class Workbench:
                      task=self.task)
         self.steps += steps
         return hist
+
+    def eval_loss(self, n: int = 256, seed: int = EVAL_SEED) -> float:
+        """The trainer's loss on a fixed held-out batch of the task (see module-level `eval_loss`)."""
+        return eval_loss(self.trainer, self.task, n, seed)
 
     def sync(self, cfg: SyncConfig | None = None, weight_version: str | None = None,
              exclude: tuple[str, ...] = ()) -> dict:

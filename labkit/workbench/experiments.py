@@ -2,6 +2,7 @@
 
 rollouts come from `wb.rollout` (engine generations scored by the workbench's task); `table` and
 `side_by_side` lay their samples out for a notebook.
+cold_and_warm: a first sync (it plans and allocates) and the one after it, which is what every RL step pays.
 logprob_agreement: the engine's per-token log-probs vs the trainer's own forward on the same tokens.
 sync_measure: a `measure(bucket_bytes)` callable for `labkit.sync.tune` built from real `wb.sync` calls; it is
 `labkit.workbench.sync_bench.sync_measure`, the one `labkit tune` uses, so both tune the same quantity (weight-moving time).
@@ -43,6 +44,12 @@ def logprob_agreement(wb, rows: list[dict]) -> dict:
     diffs = [abs(a - b) for a, b in zip(trainer_lp, engine_lp)]
     return {"max_abs_diff": max(diffs), "mean_abs_diff": sum(diffs) / len(diffs),
             "trainer": trainer_lp, "engine": engine_lp}
+
+
+def cold_and_warm(wb, cfg) -> tuple[dict, dict]:
+    """Two syncs with the same settings: the cold one plans and allocates its buffers (`timing/sync/setup`, a
+    one-off), the warm one replays both, which is what an RL loop pays every step. Both metrics, in that order."""
+    return wb.sync(cfg), wb.sync(cfg)
 
 
 def table(r: Rollout) -> list[dict]:

@@ -14,7 +14,10 @@ if TYPE_CHECKING:  # plotly is imported lazily: `import labkit.workbench.viz` st
     import plotly.graph_objects as go
 
 MB = 1 << 20
-PHASES = ("gather", "pack", "transfer", "load", "verify", "session")
+# Every phase a sync's wall time is spent in (labkit.sync.session.PHASES); setup (plan, buffers, transport) is
+# paid in full only by a cold sync (`sync/cold`), so it is drawn and named as the one-off it is.
+PHASES = ("gather", "pack", "transfer", "load", "verify", "stage", "session", "setup")
+PHASE_NAMES = {"setup": "setup (one-off)", "session": "session (fixed calls)"}
 
 
 def _go():
@@ -34,7 +37,7 @@ def sync_phases(runs: list[dict], labels: list[str] | None = None, title: str = 
     for ph in PHASES:
         ys = [m.get(f"timing/sync/{ph}", 0.0) for m in runs]
         per_bucket = [1e3 * y / max(1, m.get("sync/num_buckets", 1)) for y, m in zip(ys, runs)]
-        fig.add_bar(name=ph, x=labels, y=ys, customdata=per_bucket,
+        fig.add_bar(name=PHASE_NAMES.get(ph, ph), x=labels, y=ys, customdata=per_bucket,
                     hovertemplate=f"{ph}: %{{y:.4f}} s (%{{customdata:.3f}} ms per bucket)<extra></extra>")
     fig.add_scatter(name="wall total", x=labels, y=[m.get("timing/sync/total") for m in runs], mode="markers",
                     marker=dict(symbol="line-ew-open", size=28, color="black", line=dict(width=3, color="black")))
@@ -44,9 +47,10 @@ def sync_phases(runs: list[dict], labels: list[str] | None = None, title: str = 
 
 def run_label(m: dict) -> str:
     t = m.get("sync/transport", "?")
+    warm = {True: ", cold", False: ", warm"}.get(m.get("sync/cold"), "")
     if t == "per-tensor":
-        return f"per-tensor ({m.get('sync/num_buckets', '?')} calls)"
-    return f"{t} @ {fmt_bytes(m.get('sync/bucket_bytes', 0))} ({m.get('sync/num_buckets', '?')} buckets)"
+        return f"per-tensor ({m.get('sync/num_buckets', '?')} calls{warm})"
+    return f"{t} @ {fmt_bytes(m.get('sync/bucket_bytes', 0))} ({m.get('sync/num_buckets', '?')} buckets{warm})"
 
 
 def fmt_bytes(n: float | None) -> str:

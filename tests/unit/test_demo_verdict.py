@@ -9,7 +9,8 @@ import pytest
 from labkit.workbench import demo
 
 GOOD = {"export/logits_max_abs_diff": 3e-6, "export/mtp_logits_max_abs_diff": 2e-5, "per_tensor/sync/verified": True,
-        "sync/verified": True, "rollout/greedy_match": True, "rollout/greedy_match_frac": 1.0, "demo/dtype": "float32"}
+        "sync/verified": True, "rollout/greedy_match": True, "rollout/greedy_match_frac": 1.0, "demo/dtype": "float32",
+        "eval/loss_before": 0.137, "eval/loss_after": 0.122}
 
 
 def test_a_demo_whose_checks_all_pass_exits_0():
@@ -23,6 +24,9 @@ def test_a_demo_whose_checks_all_pass_exits_0():
     ({"per_tensor/sync/verified": False}, "per-tensor sync verified"),
     ({"export/logits_max_abs_diff": 0.05}, "export parity"),
     ({"export/mtp_logits_max_abs_diff": math.nan}, "export parity"),
+    ({"eval/loss_after": 0.419}, "training lowers the loss"),  # issue 17: lr=1e-3 raised it 0.137 -> 0.419
+    ({"eval/loss_after": 0.137}, "training lowers the loss"),
+    ({"eval/loss_after": math.nan}, "training lowers the loss"),
 ])
 def test_a_failed_check_exits_nonzero_and_is_named(change, check):
     code, failed = demo.verdict({**GOOD, **change})

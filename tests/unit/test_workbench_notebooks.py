@@ -181,3 +181,13 @@ def test_sync_explorer_runs_only_on_the_button():
     ex.transport.value = "distributed"
     ex.button.click()  # a failing sync is reported next to the controls, the explorer keeps working
     assert "RuntimeError: no group" in ex.status.value and len(ex.runs) == 1 and not ex.button.disabled
+
+
+def test_the_phase_stack_draws_every_phase_a_sync_times():
+    """Issue 17: the stack left out setup (~0.31 s of a 1.4 s sync), so the bars did not add up to the wall."""
+    from labkit.sync.session import PHASES
+
+    assert set(viz.PHASES) == set(PHASES)
+    fig = viz.sync_phases([{**_sync_metrics(), "sync/cold": True}, {**_sync_metrics(), "sync/cold": False}])
+    assert "setup (one-off)" in [t.name for t in fig.data]
+    assert [x.endswith(("cold)", "warm)")) for x in fig.data[0].x] == [True, True]
