@@ -44,7 +44,7 @@ class Rollout:
 
 # Supervised steps from the shipped checkpoint, which is converged (its post-training ended at lr 5e-5). A fresh
 # Adam moves every weight by ~lr in its first steps whatever the gradient, so TrainConfig's lr=1e-3 made the loss
-# go up: eval loss 0.137 -> 0.419 in 10 steps (0.894 with the MTP loss off: the MTP loss was not the cause). At
+# go up: loss on a fixed batch 0.137 -> 0.419 in 10 steps (0.894 with the MTP loss off: the MTP loss was not the cause). At
 # lr=1e-4, with the draft's gradient kept off the trunk as in RL, it goes down: 0.137 -> 0.122.
 FINETUNE = TrainConfig(lr=1e-4, mtp_detach=True)
 EVAL_SEED = 2_000_000_011  # training batches draw seed (1 + steps done) * 100_003 + step, far below this
@@ -52,8 +52,10 @@ EVAL_SEED = 2_000_000_011  # training batches draw seed (1 + steps done) * 100_0
 
 def eval_loss(trainer, task: Task, n: int = 256, seed: int = EVAL_SEED) -> float:
     """train/loss's quantity (next-token cross-entropy on the task's masked tokens, over the trainer's full
-    logits) on a fixed batch of `n` problems that no training step draws, without an update. train/loss is one
-    16-problem batch per step and too noisy to say whether training helped; this is the number to compare."""
+    logits) on a fixed batch of `n` problems drawn with a seed no training batch uses, without an update.
+    train/loss is one 16-problem batch per step, too noisy to say whether training helped; this is the number to
+    compare before and after. Not a held-out split: the arithmetic task has only 2,500 problems, so some of these
+    were trained on; it measures what the steps did to the model, not generalization."""
     tokens, mask = task.batch(task.problems(n, seed=seed))
     logits = trainer.forward(tokens)["logits"].float()
     labels = torch.roll(tokens.long(), -1, dims=1)
@@ -137,7 +139,7 @@ class Workbench:
         return hist
 
     def eval_loss(self, n: int = 256, seed: int = EVAL_SEED) -> float:
-        """The trainer's loss on a fixed held-out batch of the task (see module-level `eval_loss`)."""
+        """The trainer's loss on a fixed evaluation batch of the task (see module-level `eval_loss`)."""
         return eval_loss(self.trainer, self.task, n, seed)
 
     def sync(self, cfg: SyncConfig | None = None, weight_version: str | None = None,

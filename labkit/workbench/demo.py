@@ -78,7 +78,7 @@ def accounted(m: dict) -> float:
 
 
 def run(workdir: str = "runs/demo", steps: int = 10, tp: int = 1, pp: int = 1, model_dir: str | None = None) -> dict:
-    """Pretrained tiny MiMo -> Megatron trainer -> train (held-out loss before/after) -> export parity -> sync
+    """Pretrained tiny MiMo -> Megatron trainer -> train (eval loss before/after) -> export parity -> sync
     into a real SGLang engine, per-tensor (the baseline) then colocated flattened buckets, each cold then warm ->
     bitwise verify -> greedy engine == trainer."""
     t0 = time.perf_counter()
@@ -114,7 +114,7 @@ def run(workdir: str = "runs/demo", steps: int = 10, tp: int = 1, pp: int = 1, m
 
 
 SUMMARY = (  # one line each; a line whose metrics are missing is left out
-    "  trained {demo/steps} steps: held-out loss {eval/loss_before:.3f} -> {eval/loss_after:.3f}; the export "
+    "  trained {demo/steps} steps: loss on a fixed eval batch {eval/loss_before:.3f} -> {eval/loss_after:.3f}; the export "
     "reproduces Megatron's logits to {export/logits_max_abs_diff:.1e}",
     "  synced {sync/mib:.1f} MiB into SGLang, verified bitwise; greedy engine == trainer on "
     "{rollout/greedy_match_frac:.0%} of prompts",

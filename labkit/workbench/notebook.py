@@ -18,6 +18,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -57,6 +58,15 @@ def parse_value(text: str):
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
         return text
+
+
+def _ipc_kernel(sockets: str):
+    """The kernel's five ZMQ channels as ipc:// sockets in `sockets` (a short path: Unix sockets allow ~107 bytes),
+    not TCP ports: a headless run then listens on no port at all, and ipykernel has nothing to warn about
+    ("Kernel is running over TCP without encryption", one line of every run's output otherwise)."""
+    from traitlets.config import Config
+
+    return Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(sockets, "k")}})
 
 
 @contextlib.contextmanager
@@ -101,9 +111,10 @@ def run(name: str, params: dict | None = None, out_root: str | Path = "runs", ta
     env = {"LABKIT_METRICS": str(metrics_path.resolve()), "LABKIT_OUT": str(out_dir.resolve()),
            "TQDM_MININTERVAL": os.environ.get("TQDM_MININTERVAL", "5"), "PYTHONPATH": _pythonpath()}
     try:
-        with _env(**env):
+        with _env(**env), tempfile.TemporaryDirectory(prefix="lk-kernel-") as sockets:
             pm.execute_notebook(str(src), str(out_nb), parameters=params, kernel_name="python3", cwd=str(out_dir),
-                                progress_bar=progress, log_output=log_output, execution_timeout=timeout)
+                                progress_bar=progress, log_output=log_output, execution_timeout=timeout,
+                                config=_ipc_kernel(sockets))
     except pm.PapermillExecutionError as e:
         tags = _failed_cell_tags(out_nb)
         where = f"the {tags[0]} cell" if tags else f"cell In [{e.exec_count}]"
