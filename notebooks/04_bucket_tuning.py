@@ -18,6 +18,9 @@
 # verification, one-off setup (plan, buffers) and the session's fixed calls (begin/end, cache flush, version
 # tag), which do not depend on the bucket size. `labkit tune` measures it with the same function
 # (`labkit.workbench.sync_bench.sync_measure`), so the notebook and the command pick the same size for the same model.
+#
+# The default model is `quick` (the tiny family scaled up, random weights): on the shipped 2.5 MB checkpoint a whole
+# model fits one small bucket and the curve only falls.
 
 # %%
 from labkit.workbench import nb
@@ -25,10 +28,11 @@ from labkit.workbench import nb
 nb.env_report();
 
 # %% tags=["parameters"]
+MODEL = "quick"  # tiny (the shipped checkpoint) | quick | bench (labkit.models.tiny.SIZES)
 TRANSPORT = "colocated"  # colocated | distributed (per-tensor has no buckets)
-MIN_MB = 0.03125  # smallest bucket (MiB)
-MAX_MB = 4.0  # largest bucket (MiB)
-MEMORY_BUDGET_MB = 4.0  # refuse buckets whose double-buffered footprint exceeds this
+MIN_MB = 0.0625  # smallest bucket (MiB)
+MAX_MB = 32.0  # largest bucket (MiB)
+MEMORY_BUDGET_MB = 64.0  # refuse buckets whose double-buffered footprint exceeds this
 PER_OCTAVE = 1  # sizes per doubling
 REPEATS = 2  # syncs per measurement (best of)
 MAX_TRIALS = 4  # autotune budget
@@ -36,16 +40,19 @@ STEPS = 1  # training steps first, so every sync moves real, changed weights
 INTERACTIVE = False
 
 # %% tags=["validate"]
+from labkit.models.tiny import SIZES
 from labkit.sync.config import SyncConfig
 
 nb.check_params(globals(), {
-    "TRANSPORT": nb.Choice.of(SyncConfig, "transport", exclude=("per-tensor",)), "MIN_MB": nb.Float(0.001, 1024),
-    "MAX_MB": nb.Float(0.001, 4096), "MEMORY_BUDGET_MB": nb.Float(0.002, 65536), "PER_OCTAVE": nb.Int(1, 4),
-    "REPEATS": nb.Int(1, 20), "MAX_TRIALS": nb.Int(1, 32), "STEPS": nb.Int(0, 100), "INTERACTIVE": nb.Bool()});
+    "MODEL": nb.Choice(*SIZES), "TRANSPORT": nb.Choice.of(SyncConfig, "transport", exclude=("per-tensor",)),
+    "MIN_MB": nb.Float(0.001, 1024), "MAX_MB": nb.Float(0.001, 4096), "MEMORY_BUDGET_MB": nb.Float(0.002, 65536),
+    "PER_OCTAVE": nb.Int(1, 4), "REPEATS": nb.Int(1, 20), "MAX_TRIALS": nb.Int(1, 32), "STEPS": nb.Int(0, 100),
+    "INTERACTIVE": nb.Bool()});
 if MIN_MB > MAX_MB:
     raise ValueError(f"MIN_MB={MIN_MB!r} is invalid: expected <= MAX_MB={MAX_MB!r}")
 
 # %%
+from labkit.models.tiny import sized_model_dir
 from labkit.workbench import experiments as ex
 from labkit.workbench import viz
 from labkit.sync import SyncConfig, tune
@@ -56,7 +63,7 @@ sizes = tune.candidates(int(MIN_MB * MB), int(MAX_MB * MB), int(MEMORY_BUDGET_MB
 print(len(sizes), "sizes:", [viz.fmt_bytes(s) for s in sizes])
 
 # %%
-wb = Workbench()
+wb = Workbench(sized_model_dir(MODEL))
 wb.train(STEPS)
 nb.record(wb.timings)
 

@@ -14,6 +14,12 @@ from labkit.config import ModelSpec
 from labkit.models.tokenizer import BOS, EOS, PAD, VOCAB, save_char_tokenizer
 
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "data" / "tiny-mimo"
+# The family at sync-measurement sizes. "tiny" is the shipped checkpoint (2.5 MB, 43 tensors: so small that a
+# sync's fixed costs hide what bucket size does); "quick" and "bench" (~79 M parameters, 316 MB in fp32, 307
+# tensors) scale it up by its size arguments, with random weights (a sync moves bytes, whatever they hold).
+QUICK_SPEC = ModelSpec(hidden=256, layers=4, heads=4, kv_heads=2, ffn=768, mtp_layers=1, seed=0)
+BENCH_SPEC = ModelSpec(hidden=512, layers=24, heads=8, kv_heads=4, ffn=1536, mtp_layers=1, seed=0)
+SIZES: dict[str, ModelSpec | None] = {"tiny": None, "quick": QUICK_SPEC, "bench": BENCH_SPEC}
 
 
 def default_model_dir() -> str:
@@ -147,3 +153,12 @@ def save_weights_as(src: str | Path, out: str | Path, named_tensors) -> Path:
 
 
 assert len(VOCAB) <= VOCAB_SIZE
+
+
+def sized_model_dir(name: str, workdir: str | Path = "runs/models") -> str | None:
+    """The directory of model `name` from SIZES (None for "tiny": Workbench's default, the shipped checkpoint).
+    A generated one is written under `workdir`/<name> from its spec's seed, so every run measures the same tensors."""
+    if name not in SIZES:
+        raise ValueError(f"model={name!r} is invalid: expected one of {', '.join(map(repr, SIZES))}")
+    spec = SIZES[name]
+    return None if spec is None else str(make_tiny_mimo(Path(workdir) / name, spec))

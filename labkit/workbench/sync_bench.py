@@ -11,14 +11,11 @@ import time
 from pathlib import Path
 
 from labkit.config import ModelSpec
-from labkit.models.tiny import make_tiny_mimo
+from labkit.models.tiny import BENCH_SPEC, QUICK_SPEC, make_tiny_mimo  # noqa: F401 (the CLI's names)
 from labkit.sync import tune as tn
 from labkit.sync.config import MB, SyncConfig
 from labkit.workbench.core import Workbench
 
-# ~79 M parameters, 316 MB in fp32, 307 tensors: the tiny family scaled up by its size arguments.
-BENCH_SPEC = ModelSpec(hidden=512, layers=24, heads=8, kv_heads=4, ffn=1536, mtp_layers=1, seed=0)
-QUICK_SPEC = ModelSpec(hidden=256, layers=4, heads=4, kv_heads=2, ffn=768, mtp_layers=1, seed=0)
 
 
 def memcpy_gbps(nbytes: int, reps: int = 5) -> float:
@@ -83,9 +80,7 @@ def sync_measure(wb, transport: str = "colocated", repeats: int = 2, warmup: boo
 
 
 def _workbench(spec: ModelSpec, workdir: str | Path):
-
-    model_dir = make_tiny_mimo(Path(workdir) / "bench-model", spec)
-    return Workbench(str(model_dir))
+    return Workbench(str(make_tiny_mimo(Path(workdir) / "bench-model", spec)))
 
 
 def bench_sync(spec: ModelSpec = BENCH_SPEC, bucket_mb: float = 32.0, reps: int = 3,

@@ -78,6 +78,11 @@ def bucket_sweep(curve: list[dict], chosen_bytes: int | None = None, budget_byte
     fig.add_scatter(x=x, y=[r["seconds"] for r in rows], mode="lines+markers", name="sweep", row=1, col=1)
     fig.add_scatter(x=x, y=[(r.get("peak_extra_bytes") or 0) / MB for r in rows], mode="lines+markers",
                     name="peak extra", row=2, col=1)
+    if rows:
+        best = min(rows, key=lambda r: r["seconds"])
+        fig.add_scatter(x=[best["bucket_bytes"] / MB], y=[best["seconds"]], mode="markers", name="sweep best",
+                        marker=dict(symbol="star", size=14, color="gold", line=dict(width=1, color="black")),
+                        row=1, col=1)
     if trials:
         fig.add_scatter(x=[t["bucket_bytes"] / MB for t in trials], y=[t["seconds"] for t in trials],
                         mode="markers", name="autotune trials", marker=dict(symbol="circle-open", size=12),
@@ -85,8 +90,10 @@ def bucket_sweep(curve: list[dict], chosen_bytes: int | None = None, budget_byte
     if chosen_bytes:
         for r in (1, 2):
             fig.add_vline(x=chosen_bytes / MB, line=dict(color="green", dash="dash"), row=r, col=1)
-        fig.add_annotation(x=_log10(chosen_bytes / MB), y=1, yref="y domain", text=f"chosen {fmt_bytes(chosen_bytes)}",
-                           showarrow=False, font=dict(color="green"), yanchor="bottom", row=1, col=1)
+        # Inside the plot, right of the line: above it ("bottom" anchor at y=1) it sat on the subplot title.
+        fig.add_annotation(x=_log10(chosen_bytes / MB), y=0.97, yref="y domain",
+                           text=f"chosen {fmt_bytes(chosen_bytes)}", showarrow=False, font=dict(color="green"), yanchor="top", xanchor="left", xshift=4,
+                           row=1, col=1)
     if budget_bytes:
         fig.add_hline(y=budget_bytes / MB, line=dict(color="red", dash="dot"), row=2, col=1,
                       annotation_text=f"memory budget {fmt_bytes(budget_bytes)}", annotation_position="top left")

@@ -1,11 +1,14 @@
 """ipywidgets controls for INTERACTIVE notebook sessions (JupyterLab). Headless runs never build them.
 
 Nothing heavy runs when a control moves: the slider has continuous_update=False and only the Run button
-starts a sync, so exploring the bucket size never queues a sync per slider tick.
+starts a sync. The sync runs on a worker thread, so the kernel keeps answering the controls meanwhile, and a
+press while a sync is running is refused (and said so), never a second sync on top of the first: a person who
+clicks twice, or clicks again because a big sync looks stuck, gets one sync.
 """
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 
 from labkit.config import choices
@@ -19,7 +22,8 @@ def sync_explorer(wb, transports: tuple[str, ...] | None = None,
     `transports` None: every transport `SyncConfig` allows, its default first.
 
     Returns a namespace: `runs` (each run's metrics, growing as the button is pressed), the controls
-    (`transport`, `bucket`, `button`, `status`) and `ui`, the box on screen.
+    (`transport`, `bucket`, `button`, `status`), `ui` (the box on screen), `state.refused` (presses refused
+    while a sync ran) and `wait()` (until the sync in flight is done).
     """
     import ipywidgets as W
     from IPython.display import display
@@ -36,24 +40,47 @@ def sync_explorer(wb, transports: tuple[str, ...] | None = None,
     status = W.HTML("press <b>Run sync</b>: trainer &rarr; engine with these settings, then verify")
     out = W.Output()
     runs: list[dict] = []
+    busy = threading.Lock()
+    state = SimpleNamespace(refused=0, worker=None)
 
-    def on_run(_):
-        run.disabled = True
-        status.value = f"syncing ({transport.value}, {bucket.value:g} MiB)..."
+    def work(cfg: SyncConfig) -> None:
         try:
-            m = wb.sync(SyncConfig(transport=transport.value, bucket_mb=bucket.value, progress=False))
+            m = wb.sync(cfg)
             runs.append(m)
             status.value = (f"verified={m['sync/verified']} &middot; total {m['timing/sync/total']:.3f} s &middot; "
-                            f"{m['sync/num_buckets']} buckets &middot; version {m['sync/weight_version']}")
-            out.clear_output(wait=True)
-            with out:
-                display(viz.sync_phases(runs, title="Sync time per phase (interactive runs)"))
+                            f"{m['sync/num_buckets']} buckets &middot; version {m['sync/weight_version']} &middot; "
+                            f"run {len(runs)}")
+            out.outputs = ()  # from a thread: append_display_data, not `with out:` (that captures the main thread)
+            out.append_display_data(viz.sync_phases(runs, title="Sync time per phase (interactive runs)"))
         except Exception as e:  # show the error next to the controls; the kernel and engine keep running
             status.value = f"<span style='color:#c00'>{type(e).__name__}: {e}</span>"
         finally:
             run.disabled = False
+            busy.release()
+
+    def on_run(_):
+        if not busy.acquire(blocking=False):
+            state.refused += 1
+            status.value = f"{status.value} &middot; <b>a sync is running: press ignored</b>"
+            return
+        run.disabled = True
+        try:
+            cfg = SyncConfig(transport=transport.value, bucket_mb=bucket.value, progress=False)
+        except Exception:
+            run.disabled = False
+            busy.release()
+            raise
+        status.value = f"syncing ({transport.value}, {bucket.value:g} MiB)..."
+        state.worker = threading.Thread(target=work, args=(cfg,), name="labkit-sync-explorer", daemon=True)
+        state.worker.start()
+
+    def wait(timeout: float | None = None) -> None:
+        """Until the sync in flight (if any) has finished: for scripts, and before closing the workbench."""
+        if state.worker is not None:
+            state.worker.join(timeout)
 
     run.on_click(on_run)
     ui = W.VBox([W.HBox([transport, bucket, run]), status, out])
     display(ui)
-    return SimpleNamespace(ui=ui, runs=runs, transport=transport, bucket=bucket, button=run, status=status)
+    return SimpleNamespace(ui=ui, runs=runs, transport=transport, bucket=bucket, button=run, status=status,
+                           state=state, wait=wait)

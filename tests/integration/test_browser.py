@@ -1,5 +1,8 @@
-"""One real-browser test: JupyterLab on 127.0.0.1, headless Debian Chromium driven by playwright, opens
-01_weight_update, runs all cells, waits for the rendered plotly figure and saves a screenshot under runs/.
+"""One real-browser test, as a person uses notebook 01 in JupyterLab: JupyterLab on 127.0.0.1, headless Debian
+Chromium driven by playwright, 01_weight_update with `INTERACTIVE = True`: run all cells (the phase figure
+renders, the controls appear), then pick a transport, move the bucket slider and press Run (exactly one sync,
+and the controls' figure shows it at the new size), then press Run twice in a row (one more sync, not two on
+top of each other). Screenshots go under runs/.
 
 Needs the system Chromium (`apt-get install -y chromium`) and the playwright Python package; playwright's own
 browser download is never used (executable_path points at /usr/bin/chromium). Skips with the reason otherwise.
@@ -45,7 +48,14 @@ def lab(tmp_path):
     pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
     work = tmp_path / "work"
     work.mkdir()
-    shutil.copy(ROOT / "notebooks" / "01_weight_update.ipynb", work)  # autosave must never touch the repo copy
+    # A copy (autosave must never touch the repo's), with the controls on as a person exploring would set them.
+    import nbformat
+
+    nb = nbformat.read(ROOT / "notebooks" / "01_weight_update.ipynb", as_version=4)
+    params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    assert "INTERACTIVE = False" in params.source
+    params.source = params.source.replace("INTERACTIVE = False", "INTERACTIVE = True")
+    nbformat.write(nb, work / "01_weight_update.ipynb")
     port, token = _free_port(), secrets.token_hex(16)
     env = dict(os.environ)
     for var, sub in (("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"), ("JUPYTER_RUNTIME_DIR", "rt"),
@@ -80,7 +90,39 @@ def lab(tmp_path):
         log.close()
 
 
-def test_lab_runs_01_and_renders_the_plotly_figure(lab):
+KERNEL = "window.jupyterapp.shell.currentWidget.sessionContext.session.kernel"
+ALL_RAN = ("() => { const w = window.jupyterapp.shell.currentWidget;"
+           " return w.sessionContext.session.kernel.status === 'idle' &&"
+           " ![...document.querySelectorAll('.jp-InputPrompt')].some(e => e.textContent.includes('*')); }")
+# The controls' own figure is the last plotly plot on the page (below the notebook's phase figure).
+EXPLORER_X = "() => { const p = [...document.querySelectorAll('.widget-output .js-plotly-plot')];" \
+             " return p.length ? p[p.length - 1].data[0].x : []; }"
+
+
+def _run_all(page, lab) -> None:
+    page.goto(f"{lab['base']}/lab/tree/01_weight_update.ipynb?token={lab['token']}")
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+    # The kernel (python3, from the notebook's kernelspec) must be up before "run all".
+    page.wait_for_function(f"() => {{ try {{ return {KERNEL}.status === 'idle'; }} catch (e) {{ return false; }} }}",
+                           timeout=120_000)
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    page.wait_for_selector(".js-plotly-plot .main-svg", timeout=RUN_TIMEOUT_S * 1000)
+    page.wait_for_function(ALL_RAN, timeout=RUN_TIMEOUT_S * 1000)
+
+
+def _press_run(page, run: int, times: int = 1) -> None:
+    """Press Run (`times` in a row) and wait until the status reports sync number `run` (or an error)."""
+    button = page.get_by_role("button", name="Run sync")
+    if times == 1:
+        button.click()
+    else:
+        button.dblclick()  # the second press lands while the first sync runs
+    page.wait_for_function(f"() => [...document.querySelectorAll('.widget-html')].some(e =>"
+                           f" e.textContent.includes('run {run}') || e.textContent.includes('Error'))",
+                           timeout=120_000)
+
+
+def test_lab_runs_01_and_its_controls_work(lab):
     from playwright.sync_api import sync_playwright
 
     shots = ROOT / "runs" / f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-browser"
@@ -89,31 +131,43 @@ def test_lab_runs_01_and_renders_the_plotly_figure(lab):
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(f"{lab['base']}/lab/tree/01_weight_update.ipynb?token={lab['token']}")
-            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
-            # The kernel (python3, from the notebook's kernelspec) must be up before "run all".
-            page.wait_for_function("() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
-                                   " return w && w.sessionContext && w.sessionContext.session &&"
-                                   " w.sessionContext.session.kernel &&"
-                                   " w.sessionContext.session.kernel.status === 'idle'; }", timeout=120_000)
-            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-            plot = page.wait_for_selector(".js-plotly-plot .main-svg", timeout=RUN_TIMEOUT_S * 1000)
-            # Wait until every cell has run (no "[*]" prompt left), so the close cell has shut Ray down.
-            page.wait_for_function("() => { const w = window.jupyterapp.shell.currentWidget;"
-                                   " return w.sessionContext.session.kernel.status === 'idle' &&"
-                                   " ![...document.querySelectorAll('.jp-InputPrompt')]"
-                                   ".some(e => e.textContent.includes('*')); }", timeout=RUN_TIMEOUT_S * 1000)
-            plot.scroll_into_view_if_needed()
-            plot.screenshot(path=str(shots / "01_weight_update_figure.png"))
-            page.screenshot(path=str(shots / "01_weight_update_page.png"))
+            _run_all(page, lab)
             n_traces = page.evaluate("() => document.querySelector('.js-plotly-plot').data.length")
             errors = page.evaluate("() => [...document.querySelectorAll('.jp-OutputArea-output')]"
                                    ".filter(e => e.textContent.includes('Traceback')).length")
+            page.locator(".js-plotly-plot").first.screenshot(path=str(shots / "01_weight_update_figure.png"))
+
+            # A person's exploration: another transport, a smaller bucket (two steps left of 1 MiB), Run.
+            page.locator(".widget-dropdown select").select_option("distributed")
+            handle = page.locator(".widget-hslider .noUi-handle").first
+            handle.focus()
+            handle.press("ArrowLeft")
+            handle.press("ArrowLeft")
+            page.wait_for_function("() => document.querySelector('.widget-hslider .widget-readout')"
+                                   ".textContent.includes('0.25')", timeout=30_000)
+            _press_run(page, run=1)
+            first = page.evaluate(EXPLORER_X)
+            status_1 = page.locator(".widget-html").last.text_content()
+
+            # Two presses in a row on a slower transport: one sync, the second press refused while it runs.
+            page.locator(".widget-dropdown select").select_option("per-tensor")
+            _press_run(page, run=2, times=2)
+            time.sleep(3)  # a doubled or queued second sync would have landed by now
+            second = page.evaluate(EXPLORER_X)
+            status_2 = page.locator(".widget-html").last.text_content()
+            page.screenshot(path=str(shots / "01_weight_update_page.png"), full_page=True)
         finally:
-            browser.close()
-    assert n_traces >= 7, n_traces  # six phases + the wall-total marker
+            try:  # the workbench stays up in interactive mode: close it before the server stops the kernel
+                page.evaluate(f"() => {KERNEL}.requestExecute({{code: 'explorer.wait(120); wb.close(); "
+                              "from labkit.cluster import runtime; runtime.shutdown()'}).done")
+            finally:
+                browser.close()
+    assert n_traces >= 9, n_traces  # eight phases + the wall-total marker
     assert errors == 0, f"a cell raised; see {shots / '01_weight_update_page.png'}"
     assert (shots / "01_weight_update_figure.png").stat().st_size > 10_000
-    metrics = json.loads(lab["metrics"].read_text())
-    assert metrics["sync/verified"] is True, metrics
+    assert json.loads(lab["metrics"].read_text())["sync/verified"] is True
+    assert len(first) == 1 and "distributed @ 256 KiB" in first[0], first  # one press, one sync, the new size
+    assert "verified=true" in status_1.lower() and "run 1" in status_1, status_1
+    assert len(second) == 2 and second[1].startswith("per-tensor"), second  # two presses while busy: one sync
+    assert "verified=true" in status_2.lower() and "run 2" in status_2, status_2
     print(f"screenshots: {shots}")

@@ -19,7 +19,7 @@ QUICK = {
     "01_weight_update": {"STEPS": 1, "BUCKET_MB": 0.25},
     "02_rollout": {"N_PROMPTS": 8, "STEPS": 2},
     "03_acceptance_rate": {"QUICK": True, "ARMS": "trained"},
-    "04_bucket_tuning": {"MIN_MB": 0.0625, "MAX_MB": 0.5, "MEMORY_BUDGET_MB": 1.0, "REPEATS": 1, "MAX_TRIALS": 2,
+    "04_bucket_tuning": {"MODEL": "tiny", "MIN_MB": 0.0625, "MAX_MB": 0.5, "MEMORY_BUDGET_MB": 1.0, "REPEATS": 1, "MAX_TRIALS": 2,
                          "STEPS": 0},
 }
 
@@ -99,6 +99,7 @@ def test_04_bucket_sweep_and_autotune(out_root):
     ("01_weight_update", {"BUCKET_MB": "big"}, "BUCKET_MB='big' is invalid: expected a number"),
     ("01_weight_update", {"STEPS": 2.5}, "STEPS=2.5 is invalid: expected an integer in [0, 200]"),
     ("04_bucket_tuning", {"MEMORY_BUDGET_MB": -1}, "MEMORY_BUDGET_MB=-1 is invalid"),
+    ("04_bucket_tuning", {"MODEL": "huge"}, "MODEL='huge' is invalid: expected one of 'tiny', 'quick', 'bench'"),
     ("02_rollout", {"TRANSPORT": "carrier-pigeon"}, "TRANSPORT='carrier-pigeon' is invalid: expected one of"),
 ])
 def test_bad_parameter_fails_at_the_validation_cell(name, params, needle, out_root):

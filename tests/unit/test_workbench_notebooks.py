@@ -176,11 +176,46 @@ def test_sync_explorer_runs_only_on_the_button():
     ex.bucket.value = 4.0  # moving the slider starts nothing
     assert wb.calls == []
     ex.button.click()
+    ex.wait(10)
     assert [c.bucket_mb for c in wb.calls] == [4.0] and ex.runs[0]["sync/verified"] is True
     assert "verified=True" in ex.status.value
     ex.transport.value = "distributed"
     ex.button.click()  # a failing sync is reported next to the controls, the explorer keeps working
+    ex.wait(10)
     assert "RuntimeError: no group" in ex.status.value and len(ex.runs) == 1 and not ex.button.disabled
+
+
+def test_sync_explorer_refuses_a_press_while_a_sync_runs():
+    """Issue 17: a second Run while one is going must not start a second sync on top of it."""
+    import threading
+
+    from labkit.workbench.widgets import sync_explorer
+
+    release, started = threading.Event(), threading.Event()
+
+    class SlowWorkbench:
+        calls = 0
+
+        def sync(self, cfg):
+            SlowWorkbench.calls += 1
+            started.set()
+            assert release.wait(10)
+            return {**_sync_metrics(cfg.transport, cfg.bucket_bytes), "sync/verified": True,
+                    "sync/weight_version": f"v{SlowWorkbench.calls}"}
+
+    ex = sync_explorer(SlowWorkbench(), sizes_mb=(0.25, 1.0), value_mb=1.0)
+    ex.button.click()
+    assert started.wait(10) and ex.button.disabled
+    ex.button.click()  # the button may still look enabled in the browser: the kernel refuses it
+    ex.button.click()
+    assert ex.state.refused == 2 and "press ignored" in ex.status.value
+    release.set()
+    ex.wait(10)
+    assert SlowWorkbench.calls == 1 and len(ex.runs) == 1 and not ex.button.disabled
+    assert "verified=True" in ex.status.value and "run 1" in ex.status.value
+    ex.button.click()  # after it finished, a press runs again
+    ex.wait(10)
+    assert SlowWorkbench.calls == 2 and len(ex.runs) == 2
 
 
 def test_the_phase_stack_draws_every_phase_a_sync_times():
