@@ -8,6 +8,7 @@ clicks twice, or clicks again because a big sync looks stuck, gets one sync.
 
 from __future__ import annotations
 
+import json
 import threading
 from types import SimpleNamespace
 
@@ -50,8 +51,7 @@ def sync_explorer(wb, transports: tuple[str, ...] | None = None,
             status.value = (f"verified={m['sync/verified']} &middot; total {m['timing/sync/total']:.3f} s &middot; "
                             f"{m['sync/num_buckets']} buckets &middot; version {m['sync/weight_version']} &middot; "
                             f"run {len(runs)}")
-            out.outputs = ()  # from a thread: append_display_data, not `with out:` (that captures the main thread)
-            out.append_display_data(viz.sync_phases(runs, title="Sync time per phase (interactive runs)"))
+            out.outputs = (_display_data(viz.sync_phases(runs, title="Sync time per phase (interactive runs)")),)
         except Exception as e:  # show the error next to the controls; the kernel and engine keep running
             status.value = f"<span style='color:#c00'>{type(e).__name__}: {e}</span>"
         finally:
@@ -84,3 +84,12 @@ def sync_explorer(wb, transports: tuple[str, ...] | None = None,
     display(ui)
     return SimpleNamespace(ui=ui, runs=runs, transport=transport, bucket=bucket, button=run, status=status,
                            state=state, wait=wait)
+
+
+def _display_data(fig) -> dict:
+    """The figure as an Output widget's display_data, built here: from a worker thread, `with out:` captures
+    nothing (it hooks the main thread's display) and `append_display_data` gets an empty bundle from plotly's
+    renderer, so the browser drew no figure."""
+    return {"output_type": "display_data", "metadata": {},
+            "data": {"application/vnd.plotly.v1+json": {**json.loads(fig.to_json()), "config": {}},
+                     "text/plain": f"<Figure: {fig.layout.title.text}>"}}

@@ -179,6 +179,8 @@ def test_sync_explorer_runs_only_on_the_button():
     ex.wait(10)
     assert [c.bucket_mb for c in wb.calls] == [4.0] and ex.runs[0]["sync/verified"] is True
     assert "verified=True" in ex.status.value
+    (shown,) = ex.ui.children[-1].outputs  # the figure the browser draws, one bar per run
+    assert shown["data"]["application/vnd.plotly.v1+json"]["data"][0]["x"] == ["colocated @ 4 MiB (3 buckets)"]
     ex.transport.value = "distributed"
     ex.button.click()  # a failing sync is reported next to the controls, the explorer keeps working
     ex.wait(10)
