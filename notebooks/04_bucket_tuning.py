@@ -9,18 +9,21 @@
 # %% [markdown]
 # # 04 · Bucket size: sweep and autotune
 #
-# Sync time against bucket size is U-shaped on a log axis: tiny buckets pay per-call overhead, big ones lose
-# the pack/load overlap and cost memory (two buckets are in flight, so the budget admits buckets up to half
-# of it). We sweep log-spaced sizes under the memory budget with real syncs, let the autotuner (a discrete
+# Small buckets pay a per-call cost (one engine call each); large ones lose the pack/load overlap and cost memory
+# (two buckets are in flight, so the budget admits buckets up to half of it). On a GPU the two meet in a U. On
+# the CPU default the per-call cost dominates as far as we measured (256 MiB buckets of the 303 MB `bench` model,
+# `data/notebook04_bench_cpu.json`): the curve falls until the memory budget stops it, so the budget sets the
+# optimum. We sweep log-spaced sizes under the budget with real syncs, let the autotuner (a discrete
 # golden-section search) pick one in a few trials, then sync once more at the chosen size and verify it.
 #
 # The tuned quantity is the **weight-moving time** (`timing/sync/weight_moving`): a sync's wall time minus
 # verification, one-off setup (plan, buffers) and the session's fixed calls (begin/end, cache flush, version
 # tag), which do not depend on the bucket size. `labkit tune` measures it with the same function
 # (`labkit.workbench.sync_bench.sync_measure`), so the notebook and the command pick the same size for the same model.
+# `tune/pick_vs_sweep_best` is the sweep's time at the tuner's pick over the sweep's best (1.0: it found the best).
 #
-# The default model is `quick` (the tiny family scaled up, random weights): on the shipped 2.5 MB checkpoint a whole
-# model fits one small bucket and the curve only falls.
+# The default model is `quick` (16 MB, the tiny family scaled up, random weights): on the shipped 2.5 MB
+# checkpoint the whole model fits one small bucket and there is little to tune.
 
 # %%
 from labkit.workbench import nb
@@ -35,16 +38,16 @@ MAX_MB = 32.0  # largest bucket (MiB)
 MEMORY_BUDGET_MB = 64.0  # refuse buckets whose double-buffered footprint exceeds this
 PER_OCTAVE = 1  # sizes per doubling
 REPEATS = 2  # syncs per measurement (best of)
-MAX_TRIALS = 4  # autotune budget
+MAX_TRIALS = 6  # autotune budget (labkit tune's default)
 STEPS = 1  # training steps first, so every sync moves real, changed weights
 INTERACTIVE = False
 
 # %% tags=["validate"]
-from labkit.models.tiny import SIZES
+from labkit.models import tiny
 from labkit.sync.config import SyncConfig
 
 nb.check_params(globals(), {
-    "MODEL": nb.Choice(*SIZES), "TRANSPORT": nb.Choice.of(SyncConfig, "transport", exclude=("per-tensor",)),
+    "MODEL": nb.Choice(*tiny.SIZES), "TRANSPORT": nb.Choice.of(SyncConfig, "transport", exclude=("per-tensor",)),
     "MIN_MB": nb.Float(0.001, 1024), "MAX_MB": nb.Float(0.001, 4096), "MEMORY_BUDGET_MB": nb.Float(0.002, 65536),
     "PER_OCTAVE": nb.Int(1, 4), "REPEATS": nb.Int(1, 20), "MAX_TRIALS": nb.Int(1, 32), "STEPS": nb.Int(0, 100),
     "INTERACTIVE": nb.Bool()});
@@ -52,7 +55,6 @@ if MIN_MB > MAX_MB:
     raise ValueError(f"MIN_MB={MIN_MB!r} is invalid: expected <= MAX_MB={MAX_MB!r}")
 
 # %%
-from labkit.models.tiny import sized_model_dir
 from labkit.workbench import experiments as ex
 from labkit.workbench import viz
 from labkit.sync import SyncConfig, tune
@@ -63,7 +65,7 @@ sizes = tune.candidates(int(MIN_MB * MB), int(MAX_MB * MB), int(MEMORY_BUDGET_MB
 print(len(sizes), "sizes:", [viz.fmt_bytes(s) for s in sizes])
 
 # %%
-wb = Workbench(sized_model_dir(MODEL))
+wb = Workbench(tiny.sized_model_dir(MODEL))
 wb.train(STEPS)
 nb.record(wb.timings)
 
@@ -76,6 +78,7 @@ curve = tune.sweep(measure, sizes)
 best = tune.autotune(ex.sync_measure(wb, TRANSPORT, repeats=REPEATS, memory_budget_mb=MEMORY_BUDGET_MB), sizes,
                      max_trials=MAX_TRIALS)
 nb.record({"tune/metric": ex.TUNED_KEY, "tune/best_bucket_bytes": best["best_bucket_bytes"],
+           "tune/pick_vs_sweep_best": round(tune.pick_vs_best(curve, best["best_bucket_bytes"]), 4),
            "tune/best_seconds": best["best_seconds"], "tune/trials": len(best["trials"]), "tune/sizes": len(sizes),
            "tune/curve": curve})
 

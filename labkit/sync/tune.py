@@ -69,3 +69,12 @@ def autotune(measure: Callable[[int], dict], sizes: list[int], max_trials: int =
     trials = [{"bucket_bytes": sizes[i], "seconds": seen[i]["seconds"],
                "peak_extra_bytes": seen[i].get("peak_extra_bytes")} for i in seen]
     return {"best_bucket_bytes": sizes[best], "best_seconds": seen[best]["seconds"], "trials": trials}
+
+
+def pick_vs_best(curve: list[dict], bucket_bytes: int) -> float:
+    """The sweep's seconds at `bucket_bytes` over the sweep's best: how far a pick (the autotuner's) is from the
+    optimum, both read from the same pass, so measurement noise between passes cannot flatter it. 1.0: the best."""
+    at = {c["bucket_bytes"]: c["seconds"] for c in curve}
+    if bucket_bytes not in at:
+        raise ValueError(f"bucket_bytes={bucket_bytes} is not on the swept curve ({sorted(at)})")
+    return at[bucket_bytes] / min(at.values())

@@ -164,6 +164,7 @@ def tune(spec: ModelSpec = BENCH_SPEC, transport: str = "colocated", lo_mb: floa
         "tune/sweep_best_bucket_bytes": best["bucket_bytes"],
         "tune/sweep_best_seconds": round(best["seconds"], 5),
         "tune/autotune_vs_sweep": round(auto["best_seconds"] / best["seconds"], 4),
+        "tune/pick_vs_sweep_best": round(tn.pick_vs_best(curve, auto["best_bucket_bytes"]), 4),
         "tune/curve": curve,
         "timing/tune/sweep": round(t_sweep, 2),
         "timing/tune/autotune": round(t_auto, 2),

@@ -67,3 +67,13 @@ def test_notebook_04_and_labkit_tune_minimise_the_same_weight_moving_time(monkey
     cli = bench.tune(lo_mb=1, hi_mb=2, memory_budget_mb=8, max_trials=2, progress=False)
     assert nb_best["best_bucket_bytes"] == cli["tune/best_bucket_bytes"] == cli["tune/sweep_best_bucket_bytes"] == MB
     assert cli["tune/metric"] == bench.TUNED_KEY
+
+
+def test_pick_vs_best_reads_both_from_one_pass():
+    from labkit.sync import tune as tn
+
+    curve = [{"bucket_bytes": 1 << k, "seconds": s} for k, s in zip(range(20, 24), (0.4, 0.2, 0.11, 0.1))]
+    assert tn.pick_vs_best(curve, 1 << 23) == 1.0
+    assert tn.pick_vs_best(curve, 1 << 22) == pytest.approx(1.1)
+    with pytest.raises(ValueError, match="bucket_bytes=3 is not on the swept curve"):
+        tn.pick_vs_best(curve, 3)
