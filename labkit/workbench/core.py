@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
 from labkit.cluster import runtime
 from labkit.cluster.placement import Placement, layout
@@ -68,8 +69,6 @@ def eval_loss(trainer, task: Task, n: int = 256, seed: int = EVAL_SEED) -> float
 def train(trainer, steps: int, batch_size: int = 16, seed: int = 0, progress: bool = True,
           task: Task | None = None) -> list[dict]:
     """Supervised steps on the task's batches (default: arithmetic, answer tokens only). Per-step metrics."""
-    from tqdm.auto import tqdm
-
     task = task or ArithTask()
     history = []
     bar = tqdm(range(steps), desc="train", disable=not progress, mininterval=1.0)
@@ -107,27 +106,36 @@ def rollout(engine, task: Task, n: int = 8, *, seed: int = 0, temperature: float
 class Workbench:
     def __init__(self, model_dir: str | None = None, parallel: ParallelSpec | None = None, *,
                  train_cfg: TrainConfig | None = None, engine_cfg=None, task: Task | None = None,
-                 placement: str = "colocated", engine_url: str | None = None):
+                 placement: str = "colocated", engine_url: str | None = None, progress: bool = True):
         """`train_cfg` configures the trainer (default FINETUNE; `wb.train` is the method that trains),
         `engine_cfg` the engine (`wb.engine` is the running handle); `task` supplies problems, reward and
-        batches (default arithmetic)."""
+        batches (default arithmetic). `progress`: a bar naming the part starting (a minute on 2 cores)."""
         self.task = task if task is not None else ArithTask()
         check_task(self.task)  # a wrong task object fails here, before Ray, the trainer or the engine start
 
         t0 = time.perf_counter()
         self.model_dir = model_dir or default_model_dir()
         self.parallel = parallel or ParallelSpec()
+        bar = tqdm(total=3, desc="start", unit="part", disable=not progress, postfix="ray",
+                   bar_format="{desc}: {n}/{total} [{elapsed}{postfix}]")
         runtime.init()
+        bar.update()
+        bar.set_postfix_str("trainer")
         # Colocated: a trainer rank and the engine share a bundle (2 logical CPUs: one actor each).
         cpus = 2.0 if placement == "colocated" else 1.0
         self.placement = Placement(layout(placement, self.parallel.world_size, 1, cpus_per_bundle=cpus))
         self.trainer = Trainer(self.model_dir, self.parallel, train_cfg or FINETUNE, placement=self.placement)
+        bar.update()
+        bar.set_postfix_str("engine")
         cfg = engine_cfg or EngineConfig(model_dir=self.model_dir, dtype="float32", max_total_tokens=4096,
                                          mem_fraction_static=0.05)
         if engine_url:
             cfg = replace(cfg, url=engine_url)
         self.engine = EngineHandle.start(cfg, scheduling_strategy=None if engine_url else
                                          self.placement.strategy("engine:0"))
+        bar.update()
+        bar.set_postfix_str("ready")
+        bar.close()
         self.steps = 0
         self.timings = {"timing/startup": round(time.perf_counter() - t0, 2)}
 
