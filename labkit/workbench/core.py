@@ -116,6 +116,20 @@ class Workbench:
         t0 = time.perf_counter()
         self.model_dir = model_dir or default_model_dir()
         self.parallel = parallel or ParallelSpec()
+        self.placement = self.trainer = self.engine = None
+        try:
+            self._start(train_cfg or FINETUNE, engine_cfg, placement, engine_url, progress)
+        except BaseException:  # a half-built workbench must not leave its trainer or placement group running
+            try:
+                self.close()
+            except Exception:  # the start's own error is the one to see
+                pass
+            raise
+        self.steps = 0
+        self.timings = {"timing/startup": round(time.perf_counter() - t0, 2)}
+
+    def _start(self, train_cfg: TrainConfig, engine_cfg, placement: str, engine_url: str | None,
+               progress: bool) -> None:
         bar = tqdm(total=3, desc="start", unit="part", disable=not progress, postfix="ray",
                    bar_format="{desc}: {n}/{total} [{elapsed}{postfix}]")
         runtime.init()
@@ -124,7 +138,7 @@ class Workbench:
         # Colocated: a trainer rank and the engine share a bundle (2 logical CPUs: one actor each).
         cpus = 2.0 if placement == "colocated" else 1.0
         self.placement = Placement(layout(placement, self.parallel.world_size, 1, cpus_per_bundle=cpus))
-        self.trainer = Trainer(self.model_dir, self.parallel, train_cfg or FINETUNE, placement=self.placement)
+        self.trainer = Trainer(self.model_dir, self.parallel, train_cfg, placement=self.placement)
         bar.update()
         bar.set_postfix_str("engine")
         cfg = engine_cfg or EngineConfig(model_dir=self.model_dir, dtype="float32", max_total_tokens=4096,
@@ -136,8 +150,6 @@ class Workbench:
         bar.update()
         bar.set_postfix_str("ready")
         bar.close()
-        self.steps = 0
-        self.timings = {"timing/startup": round(time.perf_counter() - t0, 2)}
 
     def train(self, steps: int, batch_size: int = 16, progress: bool = True) -> list[dict]:
         """Supervised steps on the task's batches, so the trainer's weights move away from the engine's."""

@@ -89,3 +89,36 @@ def test_workbench_refuses_a_bad_task_before_anything_starts(monkeypatch):
     monkeypatch.setattr(core.runtime, "init", started)
     with pytest.raises(TypeError, match="lacks problems, reward, batch, tokenizer, max_new_tokens"):
         core.Workbench(task=object())
+
+
+def test_a_workbench_whose_engine_fails_to_start_stops_what_it_started(monkeypatch):
+    """A half-built Workbench has no owner to close it: the trainer and placement group it started must be
+    stopped before the engine's error reaches the caller (they held CPUs, memory and /dev/shm otherwise)."""
+    from labkit.workbench import core
+
+    stopped = []
+
+    class Started:
+        def __init__(self, name):
+            self.name = name
+
+        def shutdown(self):
+            stopped.append(self.name)
+
+        def remove(self):
+            stopped.append(self.name)
+
+        def strategy(self, _):
+            return None
+
+    def no_engine(*a, **k):
+        raise RuntimeError("engine did not start: port taken")
+
+    monkeypatch.setattr(core.runtime, "init", lambda: None)
+    monkeypatch.setattr(core, "layout", lambda *a, **k: None)
+    monkeypatch.setattr(core, "Placement", lambda _: Started("placement"))
+    monkeypatch.setattr(core, "Trainer", lambda *a, **k: Started("trainer"))
+    monkeypatch.setattr(core.EngineHandle, "start", no_engine)
+    with pytest.raises(RuntimeError, match="port taken"):
+        core.Workbench(progress=False)
+    assert stopped == ["trainer", "placement"]
