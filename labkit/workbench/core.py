@@ -44,9 +44,9 @@ class Rollout:
 
 
 # Supervised steps from the shipped checkpoint, which is converged (its post-training ended at lr 5e-5). A fresh
-# Adam moves every weight by ~lr in its first steps whatever the gradient, so TrainConfig's lr=1e-3 made the loss
-# go up: loss on a fixed batch 0.137 -> 0.419 in 10 steps (0.894 with the MTP loss off: the MTP loss was not the cause). At
-# lr=1e-4, with the draft's gradient kept off the trunk as in RL, it goes down: 0.137 -> 0.122.
+# Adam moves every weight by ~lr in its first steps whatever the gradient, so TrainConfig's lr=1e-3 made the
+# loss go up: on a fixed batch 0.137 -> 0.419 in 10 steps (0.894 with the MTP loss off: MTP was not the cause).
+# At lr=1e-4, with the draft's gradient kept off the trunk as in RL, it goes down: 0.137 -> 0.122.
 FINETUNE = TrainConfig(lr=1e-4, mtp_detach=True)
 EVAL_SEED = 2_000_000_011  # training batches draw seed (1 + steps done) * 100_003 + step, far below this
 
