@@ -114,8 +114,8 @@ def run(workdir: str = "runs/demo", steps: int = 10, tp: int = 1, pp: int = 1, m
 
 
 SUMMARY = (  # one line each; a line whose metrics are missing is left out
-    "  trained {demo/steps} steps: loss on a fixed eval batch {eval/loss_before:.3f} -> {eval/loss_after:.3f}; the export "
-    "reproduces Megatron's logits to {export/logits_max_abs_diff:.1e}",
+    "  trained {demo/steps} steps: loss on a fixed eval batch {eval/loss_before:.3f} -> {eval/loss_after:.3f}; "
+    "the export reproduces Megatron's logits to {export/logits_max_abs_diff:.1e}",
     "  synced {sync/mib:.1f} MiB into SGLang, verified bitwise; greedy engine == trainer on "
     "{rollout/greedy_match_frac:.0%} of prompts",
     "  warm sync (what each RL step pays): bucketed {timing/sync/total:.3f} s vs per-tensor "

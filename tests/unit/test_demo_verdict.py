@@ -56,3 +56,16 @@ def test_cli_demo_exit_code_follows_the_verdict(monkeypatch, capsys):
     assert "labkit demo: check failed: greedy match: rollout/greedy_match=False" in err
     monkeypatch.setattr(demo, "run", lambda **kw: dict(GOOD))
     assert cli.main(["demo", "--json"]) == 0
+
+
+def test_the_closing_lines_say_what_was_shown_and_skip_what_was_not_measured():
+    m = {**GOOD, "demo/steps": 10, "export/dir": "runs/demo/exported", "sync/bytes": 2629632,
+         "timing/sync/total": 0.063, "per_tensor/timing/sync/total": 0.404, "demo/speedup_bucketed_vs_per_tensor": 6.43,
+         "demo/accounted_frac": 1.27, "cold/timing/sync/setup": 0.355, "timing/demo/total": 72.0}
+    text = demo.summary(m, [])
+    assert text.startswith("labkit demo: every check passed in 72 s")
+    assert "0.137 -> 0.122" in text and "bucketed 0.063 s vs per-tensor 0.404 s, 6.4x" in text
+    assert "phases sum to 127% of it (they overlap" in text and "runs/demo/exported" in text
+    del m["per_tensor/timing/sync/total"]
+    assert "warm sync" not in demo.summary(m, [])  # a comparison that was not measured is not printed
+    assert demo.summary(m, ["greedy match: ..."]).startswith("labkit demo: 1 check(s) failed")
