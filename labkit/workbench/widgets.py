@@ -48,10 +48,11 @@ def sync_explorer(wb, transports: tuple[str, ...] | None = None,
         try:
             m = wb.sync(cfg)
             runs.append(m)
+            # The figure first, then the status naming the run: "run N" never shows above a figure of N-1 runs.
+            out.outputs = (_display_data(viz.sync_phases(runs, title="Sync time per phase (interactive runs)")),)
             status.value = (f"verified={m['sync/verified']} &middot; total {m['timing/sync/total']:.3f} s &middot; "
                             f"{m['sync/num_buckets']} buckets &middot; version {m['sync/weight_version']} &middot; "
                             f"run {len(runs)}")
-            out.outputs = (_display_data(viz.sync_phases(runs, title="Sync time per phase (interactive runs)")),)
         except Exception as e:  # show the error next to the controls; the kernel and engine keep running
             status.value = f"<span style='color:#c00'>{type(e).__name__}: {e}</span>"
         finally:

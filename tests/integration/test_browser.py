@@ -98,6 +98,8 @@ ALL_RAN = ("() => { const w = window.jupyterapp.shell.currentWidget;"
 EXPLORER_X = "() => { const p = [...document.querySelectorAll('.widget-output .js-plotly-plot')];" \
              " return p.length ? p[p.length - 1].data[0].x : []; }"
 
+STATUS_ERROR = "[...document.querySelectorAll('.widget-html')].some(e => e.textContent.includes('Error'))"
+
 
 def _run_all(page, lab) -> None:
     page.goto(f"{lab['base']}/lab/tree/01_weight_update.ipynb?token={lab['token']}")
@@ -111,15 +113,18 @@ def _run_all(page, lab) -> None:
 
 
 def _press_run(page, run: int, times: int = 1) -> None:
-    """Press Run (`times` in a row) and wait until the status reports sync number `run` (or an error)."""
+    """Press Run (`times` in a row); wait until the status reports sync `run` and its figure is drawn (or an error)."""
     button = page.get_by_role("button", name="Run sync")
     if times == 1:
         button.click()
     else:
         button.dblclick()  # the second press lands while the first sync runs
     page.wait_for_function(f"() => [...document.querySelectorAll('.widget-html')].some(e =>"
-                           f" e.textContent.includes('run {run}') || e.textContent.includes('Error'))",
-                           timeout=120_000)
+                           f" e.textContent.includes('run {run}')) || {STATUS_ERROR}", timeout=120_000)
+    # The browser draws the figure after the kernel sent it (plotly renders asynchronously): wait for its bars.
+    page.wait_for_function(f"() => {{ if ({STATUS_ERROR}) return true;"
+                           f" try {{ return ({EXPLORER_X})().length >= {run}; }} catch (e) {{ return false; }} }}",
+                           timeout=60_000)
 
 
 def test_lab_runs_01_and_its_controls_work(lab):
