@@ -149,8 +149,11 @@ class EngineActor:
 
         # Engine.update_weights_from_tensor has no weight_version argument; the request struct does, and
         # SGLang then tags the version atomically with a successful update (never on a refused one).
+        # Payloads serialized by the sender (a handle to shared memory, not the bytes) pass through as they are.
+        pre = load_format == "flattened_bucket" or (payload and isinstance(payload[0], (str, bytes)))
         obj = UpdateWeightsFromTensorReqInput(
-            serialized_named_tensors=self.engine._serialize_tensors_per_rank(payload, load_format),
+            serialized_named_tensors=self.engine._serialize_tensors_per_rank(
+                payload, "flattened_bucket" if pre else load_format),
             load_format=load_format, flush_cache=flush_cache, weight_version=weight_version)
         return _ok(self._run(self.engine.tokenizer_manager.update_weights_from_tensor(obj, None)))
 
@@ -189,6 +192,9 @@ class EngineActor:
 
     def tp_size(self) -> int:
         return self.cfg.tp
+
+    def custom_weight_loaders(self) -> list[str]:
+        return list(self.engine.server_args.custom_weight_loader or [])
 
     def check_weights(self, action="checksum") -> dict:
         from sglang.srt.managers.io_struct import CheckWeightsReqInput

@@ -25,6 +25,9 @@ class EngineBackend(Protocol):
 
     def tp_size(self) -> int: ...
 
+    def custom_weight_loaders(self) -> list[str]:
+        """SGLang's `custom_weight_loader` server argument: the load formats beyond SGLang's own it accepts."""
+
     def generate(self, prompts: list[str] | None, input_ids: list[list[int]] | None, sampling: dict | list[dict],
                  return_logprob: bool) -> list[dict]:
         """SGLang's outputs; a first output holding "labkit_refused" says the engine refused while paused."""

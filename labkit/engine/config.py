@@ -15,6 +15,8 @@ DTYPES, LOG_LEVELS, PAUSE_MODES, SPEC_ALGORITHMS = (get_args(t) for t in (Dtype,
 # SGLang sizes a CPU engine's KV cache from free RAM when neither sizing field is given (about 30M tokens,
 # 14 GB, for the tiny model on a 23 GB box). On CPU we cap it unless told otherwise.
 CPU_DEFAULT_MAX_TOTAL_TOKENS = 16384
+# labkit's engine-side apply (labkit.engine.apply.load_flat), listed in SGLang's `custom_weight_loader` at launch.
+APPLY_FORMAT = "labkit.engine.apply.load_flat"
 
 
 def _pos_int(label: str, v, allowed: str = "a positive int") -> None:
@@ -131,6 +133,8 @@ class EngineConfig:
                 raise ValueError("EngineConfig.speculative is GPU only: SGLang's EAGLE/NEXTN worker has no CPU path "
                                  "(labkit.mtp.speculative measures acceptance on CPU)")
             kw.update(self.speculative.sglang_kwargs(self.model_dir))
+        # labkit's engine-side apply of a flat bucket (mapped once, a copy plan): a format SGLang then accepts.
+        kw["custom_weight_loader"] = [APPLY_FORMAT]
         if device == "cpu":
             # An idle scheduler otherwise spins one core at 100% (measured; half of a 2-core CPU); with
             # this it blocks in zmq poll (1 s timeout) and wakes at once on a request.
@@ -144,6 +148,8 @@ class EngineConfig:
             flag = "--" + k.replace("_", "-")
             if isinstance(v, bool):
                 argv += [flag] if v else []
+            elif isinstance(v, list):
+                argv += [flag, *map(str, v)]
             else:
                 argv += [flag, str(v)]
         return argv + ["--host", host, "--port", str(port)]

@@ -37,6 +37,7 @@ class EngineHandle:
         self._b, self.cfg, self.kind, self._server, self._actor = backend, cfg, kind, server, actor
         self._strategy = strategy  # where a restart() puts the new actor
         self._closed = self._paused = False
+        self._loaders: tuple[str, ...] | None = None  # custom weight loaders, asked once per start
         self.pauses = collections.deque(maxlen=64)  # (paused_at, continued_at or None), this handle's calls
 
     # --- construction (labkit.engine.lifecycle starts the backends) --------------------------------------
@@ -60,6 +61,7 @@ class EngineHandle:
             self._b.with_timeout(10.0).shutdown()
             self._b, self._actor = lifecycle.start_actor(self.cfg, self._strategy)
         self._closed = self._paused = False
+        self._loaders = None
 
     @classmethod
     def connect(cls, url: str, cfg: EngineConfig | None = None) -> EngineHandle:
@@ -78,6 +80,20 @@ class EngineHandle:
     @property
     def tp_size(self) -> int:
         return self._b.tp_size()
+
+    def accepts(self, load_format: str) -> bool:
+        """Whether the engine was launched with `load_format` among its custom weight loaders (asked once)."""
+        if self._loaders is None:
+            self._loaders = tuple(self._b.custom_weight_loaders())
+        return load_format in self._loaders
+
+    def apply_stats(self) -> list[int]:
+        """[tensors labkit's loader copied by plan, tensors it passed to load_weights] since the last call; the
+        loader releases the buffers it kept for this sync (labkit.engine.apply.end_sync)."""
+        from labkit.engine.apply import STATS_NAME
+
+        rows = self._b.get_weights_by_name(STATS_NAME, 1)
+        return [int(v) for v in rows[0]] if rows else [0, 0]
 
     def portable(self, call_timeout_s: float | None = None) -> EngineHandle:
         """A picklable handle to the same engine for another process (e.g. a trainer actor); it owns

@@ -88,6 +88,10 @@ class HttpBackend:
             self._tp = int(info.get("tp_size", 1)) if isinstance(info, dict) else 1
         return self._tp
 
+    def custom_weight_loaders(self) -> list[str]:
+        info = self._json("/server_info", method="GET")
+        return list((info.get("custom_weight_loader") if isinstance(info, dict) else None) or [])
+
     def begin_weight_update(self, selector="all") -> dict:
         return self._control("/begin_weight_update", {"selector": selector})
 
@@ -95,7 +99,7 @@ class HttpBackend:
         return self._control("/end_weight_update", {})
 
     def update_weights_from_tensor(self, payload, load_format=None, flush_cache=True, weight_version=None) -> dict:
-        if load_format == "flattened_bucket":  # already one serialized payload per TP rank
+        if payload and isinstance(payload[0], (str, bytes)):  # already one serialized payload per TP rank
             payloads = [p if isinstance(p, str) else base64.b64encode(p).decode() for p in payload]
         else:  # one payload per TP rank, as sglang.Engine sends
             payloads = [serialize(list(payload)) for _ in range(self._tp_size())]

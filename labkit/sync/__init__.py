@@ -12,6 +12,10 @@ from labkit.engine.contract import Contract
 from labkit.sync.config import SyncConfig
 from labkit.sync.plan import fused_group
 
+# Private metrics key: the engine's checksums read by verification, handed to the atomic guard (its "after")
+# so the whole model is not hashed twice per sync; `sync()`/`stream()` drop it before returning.
+ENGINE_CHECKSUMS = "_engine_checksums"
+
 # Importing labkit.sync (its configs, the CLI's startup) loads no torch: the syncer and the guard, which cross
 # torch, are imported where a sync runs.
 
@@ -41,7 +45,9 @@ def sync(trainer, engine, cfg: SyncConfig | None = None, weight_version: str | N
     expected = _checked_expected(engine, exclude)
     if cfg.atomic:
         return guard_for(engine).sync(trainer, cfg, expected, weight_version, tuple(exclude))
-    return trainer.sync(Syncer(), engine.portable(), cfg, expected, weight_version, exclude=tuple(exclude))
+    m = trainer.sync(Syncer(), engine.portable(), cfg, expected, weight_version, exclude=tuple(exclude))
+    m.pop(ENGINE_CHECKSUMS, None)
+    return m
 
 
 def stream(named_tensors, engine, cfg: SyncConfig | None = None, weight_version: str | None = None,
@@ -72,8 +78,10 @@ def stream(named_tensors, engine, cfg: SyncConfig | None = None, weight_version:
     producer = _Local(named_tensors)
     if cfg.atomic:
         return guard_for(engine).sync(producer, cfg, expected, weight_version, tuple(exclude))
-    return producer.sync(Syncer(), engine.portable(call_timeout_s=cfg.timeout_s), cfg, expected, weight_version,
-                         exclude=tuple(exclude))
+    m = producer.sync(Syncer(), engine.portable(call_timeout_s=cfg.timeout_s), cfg, expected, weight_version,
+                      exclude=tuple(exclude))
+    m.pop(ENGINE_CHECKSUMS, None)
+    return m
 
 
 class _Local:

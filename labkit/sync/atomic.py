@@ -35,7 +35,7 @@ import weakref
 from dataclasses import replace
 
 from labkit.engine.errors import EngineError, EngineUnreachable
-from labkit.sync import lastgood
+from labkit.sync import ENGINE_CHECKSUMS, lastgood
 from labkit.sync import verify as vf
 from labkit.sync.session import Syncer
 from labkit.trainer.group import TrainerDied, TrainerTimeout, error_line as _cause
@@ -124,7 +124,7 @@ class Guard:
             self.store.discard(staging)
             raise self._fail(e, before, v_before, version, dtype, time.perf_counter() - t0, cfg) from None
         t1 = time.perf_counter()
-        after = engine.checksums()
+        after = m.pop(ENGINE_CHECKSUMS, None) or engine.checksums()  # verify's own read, if it made one
         self.store.promote(staging, version, after, dtype)
         engine.continue_generation()
         self.synced += 1

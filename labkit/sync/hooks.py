@@ -13,6 +13,7 @@ from typing import Protocol
 
 import torch
 
+from labkit.sync import ENGINE_CHECKSUMS
 from labkit.sync import bucket as bk
 from labkit.sync import lastgood
 from labkit.sync import verify as vf
@@ -48,7 +49,10 @@ class Checksums:
         self.expected.add(_engine_dtype(b, tensors))
 
     def finish(self, engine, version: str) -> dict:
-        return vf.compare(self.expected.finish(), engine.checksums())
+        actual = engine.checksums()
+        # The engine's checksums ride back under a private key: the atomic guard takes them as its "after"
+        # instead of hashing the whole model again (~0.3 s of a 0.3 GB model on CPU); `sync()` drops the key.
+        return {**vf.compare(self.expected.finish(), actual), ENGINE_CHECKSUMS: actual}
 
     def abort(self) -> None:
         pass

@@ -287,6 +287,9 @@ def _metrics(s: _State, result: dict) -> dict:
         "sync/largest_tensor_bytes": plan.largest_tensor_bytes,
         "sync/weight_version": s.version,
         "sync/port_retries": s.transport.port_retries,
+        # copy_plan: labkit's engine-side loader (labkit.engine.apply); load_weights: SGLang's per-tensor loop;
+        # mixed: the loader sent tensors its model could not map to load_weights.
+        "sync/apply_path": getattr(s.transport, "apply_path", "load_weights"),
         **result,
     })
     return out

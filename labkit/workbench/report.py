@@ -50,7 +50,27 @@ def serve_table(run: dict) -> list[str]:
     return lines
 
 
-TABLES = {"faults": ("faults_cpu.json", faults_table), "serve-sync": ("bench_serve_sync_cpu.json", serve_table)}
+def bench_table(run: dict) -> list[str]:
+    head = ["transport", "transport-only (s)", "GB/s", "of a memcpy", "end to end (s)", "engine apply"]
+    lines = [_row(head), _row(["---"] * len(head))]
+    for t in ("per-tensor", "colocated", "distributed"):
+        key = t.replace("-", "_")
+        apply = run["bench/apply_path"] if t == "colocated" else "load_weights"
+        lines.append(_row([t, f"{run[f'bench/{key}_seconds']:.3f}", f"{run[f'bench/{key}_gbps']:.2f}",
+                           f"{run.get(f'bench/{key}_vs_memcpy', 0):.3f}" if t != "per-tensor" else "",
+                           f"{run[f'bench/end_to_end_seconds/{t}']:.3f}", apply]))
+    lines += ["", f"{run['bench/model_bytes'] / 1e6:.0f} MB, {run['bench/num_tensors']} tensors, "
+                  f"{run['bench/bucket_bytes'] >> 20} MiB buckets; memcpy {run['bench/memcpy_gbps']:.1f} GB/s "
+                  f"(a reference: pack + apply is two copies, so half of it is the limit). Bucketed vs per-tensor: "
+                  f"**{run['bench/speedup_bucketed_vs_per_tensor']:.1f}×** transport-only, "
+                  f"**{run['bench/speedup_end_to_end']:.1f}×** end to end. `bench/verified`: "
+                  f"{run['bench/verified']} ({run['bench/engine_tensors_changed']} of {run['bench/engine_tensors']} "
+                  f"engine tensors changed over the run)."]
+    return lines
+
+
+TABLES = {"faults": ("faults_cpu.json", faults_table), "serve-sync": ("bench_serve_sync_cpu.json", serve_table),
+          "bench-sync": ("bench_sync_cpu.json", bench_table)}
 
 
 def render(name: str, data_dir: Path) -> str:

@@ -27,7 +27,10 @@ def test_bench_sync_cli_prints_the_metric_keys():
     m = json.loads(out[-1])
     for k in BENCH_KEYS:
         assert k in m, k
-    assert m["bench/verified"] is True
+    assert m["bench/verified"] is True and m["bench/engine_tensors_changed"] > 0  # trained between syncs
+    for t in ("per-tensor", "colocated", "distributed"):  # end to end beside transport-only, equal repetitions
+        assert m[f"bench/end_to_end_seconds/{t}"] > 0 and len(m[f"bench/end_to_end_seconds_all/{t}"]) == 1
+    assert m["bench/speedup_end_to_end"] > 0 and m["bench/apply_path"] == "copy_plan"
     assert m["bench/model_bytes"] > 10 * m["bench/largest_tensor_bytes"] > 0
     assert m["bench/speedup_bucketed_vs_per_tensor"] > 1.0  # measured, not asserted against the 20x target
     assert m["bench/peak_extra_bytes"] <= 2 * m["bench/bucket_bytes"] + 2 * m["bench/largest_tensor_bytes"]

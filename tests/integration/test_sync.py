@@ -51,6 +51,8 @@ def test_every_transport_syncs_a_trained_model_bitwise(transport, trainer, engin
     assert m["sync/unverified"] == [] and m["sync/num_unverified"] == 0  # every engine tensor was covered
     assert m["sync/weight_version"] == engine.weight_version != before
     assert m["sync/num_buckets"] > 1 or transport == "per-tensor"
+    # colocated: labkit's engine-side loader applied every tensor by its copy plan (labkit.engine.apply)
+    assert m["sync/apply_path"] == ("copy_plan" if transport == "colocated" else "load_weights")
     for key in ("gather", "pack", "transfer", "load", "verify", "total"):
         assert m[f"timing/sync/{key}"] >= 0
     assert m["sync/bytes"] == sum(t.numel() * t.element_size() for _, t in trainer.export())
@@ -111,6 +113,7 @@ def test_sync_into_an_http_server(trainer, engine_model_dir):
             _train(trainer, steps=1, seed=42)
             m = sync(trainer, http, SyncConfig(transport=transport, bucket_mb=0.05, progress=False))
             assert m["sync/verified"] is True, m
+            assert m["sync/apply_path"] == ("copy_plan" if transport == "colocated" else "load_weights")
             assert http.weight_version == m["sync/weight_version"]
         assert _greedy_matches(trainer, http)
 

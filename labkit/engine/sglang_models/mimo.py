@@ -27,6 +27,7 @@ from sglang.srt.models.mimo import MiMoForCausalLM as _SGLangMiMo
 from torch import nn
 
 from labkit import failpoints as fp
+from labkit.engine import apply
 from labkit.engine.contract import fused_part
 
 logger = logging.getLogger(__name__)
@@ -130,27 +131,40 @@ class MiMoForCausalLM(_SGLangMiMo):
                              f"store expects {tuple(dst.shape)}")
         dst[...].copy_(loaded)
 
+    def param_view(self, name: str) -> tuple[str, torch.Tensor] | None:
+        """(engine parameter name, the slice of it that holds HF tensor `name`) on a TP=1 engine, or None when
+        `name` is not a plain copy into one (labkit.engine.apply then uses `load_weights`). Fused q/k/v and
+        gate/up resolve to their row block (the store's fused modules carry `output_sizes` too); vocab tables
+        to their unpadded rows. A tied lm_head is SGLang's loader's to skip."""
+        if any(s in name for s in _IGNORED) or (name == "lm_head.weight" and self.config.tie_word_embeddings):
+            return None
+        part = fused_part(name)
+        target = name if part is None else part[0]
+        try:
+            weight = self.get_parameter(target).data
+        except AttributeError:
+            return None
+        owner = self.get_submodule(target.rsplit(".", 1)[0])
+        if part is not None:
+            sizes = _shard_sizes(owner)
+            return target, weight.narrow(0, sum(sizes[:part[1]]), sizes[part[1]])
+        org = getattr(owner, "org_vocab_size", None)  # vocab-parallel tables are padded
+        return target, (weight[:org] if org is not None and weight.shape[0] > org else weight)
+
     def get_weights_by_name(self, name: str, truncate_size: int = 100, tp_size: int = 1):
         # MTP names resolve like the trunk's: the store's fused modules carry `output_sizes`.
+        if name == apply.STATS_NAME:
+            return [apply.end_sync()]
         try:
             if tp_size != 1:
                 raise NotImplementedError(f"labkit's MiMo get_weights_by_name reads TP=1 engines only "
                                           f"(tp_size={tp_size})")
             if name == "lm_head.weight" and self.config.tie_word_embeddings:
                 name = "model.embed_tokens.weight"
-            params = dict(self.named_parameters())
-            part = fused_part(name)
-            if part is not None:
-                fused_name, idx, _ = part
-                sizes = _shard_sizes(self.get_submodule(fused_name.rsplit(".", 1)[0]))
-                weight = params[fused_name].data.narrow(0, sum(sizes[:idx]), sizes[idx])
-            else:
-                weight = params[name].data
-                owner = self.get_submodule(name.rsplit(".", 1)[0])
-                org = getattr(owner, "org_vocab_size", None)  # vocab-parallel tables are padded
-                if org is not None and weight.shape[0] > org:
-                    weight = weight[:org]
-            return weight.detach().cpu().to(torch.float32).numpy().tolist()[:truncate_size]
+            found = self.param_view(name)
+            if found is None:
+                raise KeyError(name)
+            return found[1].detach().cpu().to(torch.float32).numpy().tolist()[:truncate_size]
         except Exception as e:  # SGLang's contract: log and answer None
             logger.error(f"labkit MiMo get_weights_by_name({name!r}) failed: {type(e).__name__}: {e}")
             return None

@@ -7,20 +7,28 @@ import time
 import torch
 
 from labkit import failpoints as fp
+from labkit.engine.apply import layout_key
+from labkit.engine.config import APPLY_FORMAT
 from labkit.sync import bucket as bk
 from labkit.sync.plan import Bucket
 
 
 class Colocated:
-    """transport="colocated": SGLang's `flattened_bucket` load format over a shared buffer.
+    """transport="colocated": one flat buffer per bucket in shared memory (a CUDA IPC handle on GPU); only a
+    handle to it crosses to the engine.
 
     Flow:
-    1. open: ask the engine its TP size;
-    2. send, per bucket: serialize a handle to the flat buffer (shared memory on CPU, a CUDA IPC handle on
-       GPU) with the bucket's FlattenedTensorMetadata -> `engine.update_weights_from_tensor([payload] * tp,
-       load_format="flattened_bucket", flush_cache=False)`: each engine TP rank opens the same handle and
-       reads its own shard; the call returns once every rank loaded it;
-    3. close: nothing (the buffers are the syncer's, reused for the next bucket but one).
+    1. open: ask the engine its TP size and whether it accepts labkit's loader (`labkit.engine.apply`, listed
+       at launch by labkit's engines; CPU buffers only);
+    2. send, per bucket: serialize a handle to the flat buffer ->
+       - labkit's loader: `[(layout_key, flat)]`, load_format=APPLY_FORMAT: the engine keeps the buffer mapped
+         for the rest of the sync and copies each tensor into its parameter slice by a plan compiled once;
+       - otherwise SGLang's `flattened_bucket` (`FlattenedTensorMetadata` list): the engine maps the segment
+         afresh and runs `model.load_weights` over the views;
+       `engine.update_weights_from_tensor([payload] * tp, ..., flush_cache=False)`: each engine TP rank opens the
+       same handle; the call returns once every rank loaded it;
+    3. close: read which path applied the tensors (`apply_path`); the engine lets go of the buffers (they are
+       the syncer's, reused next sync).
     """
 
     name = "colocated"
@@ -35,17 +43,33 @@ class Colocated:
 
         self.serializer = MultiprocessingSerializer
         self.engine_tp = engine.tp_size
+        # GPU: SGLang's own format until the kept CUDA-IPC mapping has run on a GPU (it has not: no device here).
+        self.fmt = APPLY_FORMAT if not torch.cuda.is_available() and engine.accepts(APPLY_FORMAT) \
+            else "flattened_bucket"
+        self.apply_path = "load_weights"
 
     def send(self, engine, b: Bucket, tensors=None, flat: torch.Tensor | None = None) -> dict:
         t0 = time.perf_counter()
         fp.hit("transport.send", flat=flat)
-        payload = self.serializer.serialize({"flattened_tensor": flat, "metadata": bk.metadata(b)},
-                                            output_str=True)
+        if self.fmt == APPLY_FORMAT:
+            payload = self.serializer.serialize([(_layout_key(b), flat)], output_str=True)
+        else:
+            payload = self.serializer.serialize({"flattened_tensor": flat, "metadata": bk.metadata(b)},
+                                                output_str=True)
         t1 = time.perf_counter()
         # One payload per engine TP rank: each rank opens the same handle and reads its own shard.
-        engine.update_weights_from_tensor([payload] * self.engine_tp, load_format="flattened_bucket",
-                                          flush_cache=False)
+        engine.update_weights_from_tensor([payload] * self.engine_tp, load_format=self.fmt, flush_cache=False)
         return {"transfer": t1 - t0, "load": time.perf_counter() - t1}
 
     def close(self, engine) -> None:
-        pass
+        if self.fmt == APPLY_FORMAT:
+            copied, fallback = engine.apply_stats()
+            self.apply_path = "copy_plan" if not fallback else "mixed" if copied else "load_weights"
+
+
+def _layout_key(b: Bucket) -> str:
+    entries, offset = [], 0
+    for t in b.tensors:
+        entries.append((t.name, t.dtype, tuple(t.shape), offset, offset + t.nbytes))
+        offset += t.nbytes
+    return layout_key(entries)

@@ -1,0 +1,204 @@
+"""The engine side of a colocated sync: receive buffers mapped once per sync, a copy plan, no `load_weights`.
+
+Runs inside SGLang's scheduler as a custom weight loader: SGLang 0.5.23 calls
+`dynamic_import(load_format)(model, named_tensors)` when `load_format` was listed in the server argument
+`custom_weight_loader` (`model_runner_components/weight_updater.py`), between begin/end_weight_update like every
+other format; labkit's engines list `FORMAT` at launch (labkit.engine.config).
+
+Why not SGLang's `flattened_bucket` format, which moves the same bytes:
+- it maps the shared-memory segment afresh on every call: torch keeps a received segment only while something
+  holds it (`torch/multiprocessing/reductions.py`, `shared_cache` of weak refs), the scheduler drops the
+  tensors after loading, so each sync page-faults every bucket in again;
+- it hands the views to `model.load_weights`, a Python loop with name matching per tensor.
+  `data/bench_sync_cpu.json` measured colocated at 0.10 of a memcpy with it (before this module).
+
+Here the received buffer is kept for the rest of the sync (at most `KEEP`: the trainer double-buffers, so 11
+buckets map 2 buffers, not 11 segments); the trainer's closing read (`end_sync`) releases them, so an engine holds
+no shared memory between syncs (a killed engine cannot strand the trainer's segments: torch counts references in
+the file, and a SIGKILLed holder never gives its own back). Each bucket layout is compiled once into a copy plan
+(the destination slice of each tensor, from the model's `param_view(hf_name)`, the view `get_weights_by_name`
+reads back), the source views into a kept buffer are built once, and a bucket then costs one
+`torch._foreach_copy_` (plus a check, by name, that no destination parameter was re-created since).
+
+Per call SGLang itself walks every module of the model first (a startup-constant check); labkit asks it once per
+model (`_memo_derived_weight_check`).
+
+Falls back to the model's own `load_weights` for the tensors it cannot map: a model without `param_view`, an
+engine with TP > 1 (each rank loads a shard: SGLang's loaders know how to cut it), a name the model does not
+map. `end_sync()` counts the tensors each path applied (the trainer reports them as `sync/apply_path`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+
+from labkit import failpoints as fp
+from labkit.engine.config import APPLY_FORMAT
+
+FORMAT = APPLY_FORMAT  # the import path SGLang resolves: this module's `load_flat` (unit-tested)
+PREFIX = "labkit-flat/1:"  # the single named tensor's name: PREFIX + the bucket's layout as JSON
+KEEP = 4  # received buffers kept mapped (the trainer's pool holds 2; a new bucket size brings new ones)
+STATS_NAME = "labkit.apply/end_sync"  # get_weights_by_name(STATS_NAME) -> [[copied, via load_weights]]: end_sync
+
+
+def layout_key(entries: list[tuple[str, str, tuple[int, ...], int, int]]) -> str:
+    """The bucket's layout, `(hf_name, dtype, shape, start_byte, end_byte)` per tensor, as the payload's name."""
+    return PREFIX + json.dumps([[n, d, list(s), a, b] for n, d, s, a, b in entries], separators=(",", ":"))
+
+
+@dataclass
+class _Plan:
+    entries: list  # [name, dtype, shape, start, end] per tensor
+    dsts: list[torch.Tensor] = field(default_factory=list)  # parameter slices, for entries[direct[i]]
+    direct: list[int] = field(default_factory=list)
+    owners: list[tuple] = field(default_factory=list)  # (module, attribute, data_ptr at compile) per parameter
+    fallback: list[int] = field(default_factory=list)  # through model.load_weights
+
+
+_plans: dict[str, _Plan] = {}
+_stats = {"copy_plan": 0, "load_weights": 0}  # tensors applied by each path since the last `end_sync`
+_mapped: OrderedDict[int, tuple[torch.Tensor, dict[str, list[torch.Tensor]]]] = OrderedDict()
+
+
+def load_flat(model, named_tensors) -> None:
+    """SGLang's custom-loader entry point: `named_tensors` is `[(layout_key, flat uint8 buffer)]`."""
+    _memo_derived_weight_check()
+    for key, flat in named_tensors:
+        if not isinstance(key, str) or not key.startswith(PREFIX):
+            raise ValueError(f"labkit apply: payload name {str(key)[:60]!r} is not a labkit flat bucket "
+                             f"(expected {PREFIX!r} + layout)")
+        plan = _plans.get(key)
+        if plan is None or _moved(model, plan):
+            plan = _compile(model, key)
+        srcs = _sources(flat, key, plan)
+        if fp.engine_armed("engine.apply"):  # `labkit faults`: a failure in the middle of an apply
+            for i, dst in zip(plan.direct, plan.dsts):
+                fp.hit("engine.apply", name=plan.entries[i][0])
+                dst.copy_(srcs[i])
+        elif plan.dsts:
+            torch._foreach_copy_(plan.dsts, [srcs[i] for i in plan.direct])
+        if plan.fallback:
+            model.load_weights([(plan.entries[i][0], srcs[i]) for i in plan.fallback])
+        _stats["copy_plan"] += len(plan.direct)
+        _stats["load_weights"] += len(plan.fallback)
+
+
+def end_sync() -> list[int]:
+    """Release the kept buffers; return [tensors copied by plan, tensors through load_weights] since the last
+    call. The trainer calls it once at the end of each sync through the model's get_weights_by_name(STATS_NAME),
+    the one reply channel into a scheduler SGLang offers."""
+    while _mapped:
+        _release(_mapped.popitem(last=False)[1][0])
+    out = [_stats["copy_plan"], _stats["load_weights"]]
+    _stats.update(copy_plan=0, load_weights=0)
+    return out
+
+
+def _compile(model, key: str) -> _Plan:
+    plan = _Plan(json.loads(key[len(PREFIX):]))
+    view = getattr(model, "param_view", None)
+    tp = _tp_size()
+    for i, (name, dtype, shape, _, _) in enumerate(plan.entries):
+        found = view(name) if view is not None and tp == 1 else None
+        dst = None if found is None else found[1]
+        if dst is None or tuple(dst.shape) != tuple(shape) or str(dst.dtype) != f"torch.{dtype}":
+            plan.fallback.append(i)  # the model's own loader: casts, shards, or refuses with its message
+        else:
+            plan.direct.append(i)
+            plan.dsts.append(dst)
+            path, _, attr = found[0].rpartition(".")
+            module = model.get_submodule(path)
+            plan.owners.append((module, attr, getattr(module, attr).data_ptr()))
+    if len(_plans) > 64:  # layouts change with the bucket size; keep the table bounded
+        _plans.clear()
+    _plans[key] = plan
+    return plan
+
+
+def _moved(model, plan: _Plan) -> bool:
+    """A parameter re-created since the plan was compiled (a post-load repack, a memory resume) would leave
+    the plan copying into orphaned storage: re-resolve each owner by name, compare its storage."""
+    return any(getattr(module, attr).data_ptr() != ptr for module, attr, ptr in plan.owners)
+
+
+def _sources(flat: torch.Tensor, key: str, plan: _Plan) -> list[torch.Tensor]:
+    """Views of each tensor in `flat`, built once per (kept buffer, layout). Keeping `flat` keeps its segment
+    mapped, so the next bucket's handle to the same buffer resolves to this mapping (no fresh mmap)."""
+    ptr = flat.data_ptr()
+    held = _mapped.get(ptr)
+    if held is None or held[0].untyped_storage().nbytes() != flat.untyped_storage().nbytes():
+        held = _mapped[ptr] = (flat, {})
+        while len(_mapped) > KEEP:
+            _release(_mapped.popitem(last=False)[1][0])
+    _mapped.move_to_end(ptr)
+    views = held[1].get(key)
+    if views is None:
+        base = held[0].untyped_storage()
+        off = flat.storage_offset()  # the whole segment: a later bucket in this buffer may be larger
+        buf = torch.empty(0, dtype=torch.uint8).set_(base, off, (base.nbytes() - off,))
+        views = held[1][key] = [buf[a:b].view(getattr(torch, d)).view(s) for _, d, s, a, b in plan.entries]
+    return views
+
+
+def _memo_derived_weight_check() -> None:
+    """SGLang 0.5.23 walks every module of the model (`_unsupported_derived_weight_cache_error`, getattr x5 per
+    module) at the top of every `update_weights_from_tensor`: on the 307-tensor bench model that walk cost more
+    than the bucket's copy (py-spy of the scheduler: ~750 samples vs ~525). Its own docstring says the answer
+    is "startup-determined and rank-uniform", so it is computed once per model here and reused. Pinned to the
+    version it was read in; any other leaves SGLang's function alone."""
+    global _memo_done
+    if _memo_done:
+        return
+    _memo_done = True
+    import sglang  # SGLang is crossed here only (inside its scheduler)
+    from sglang.srt.model_executor.model_runner_components import weight_updater as wu
+
+    original = getattr(wu, "_unsupported_derived_weight_cache_error", None)
+    if sglang.__version__ != "0.5.23" or original is None:
+        return
+    answers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def memo(model=None):
+        if model is None:
+            return original(model)
+        if model not in answers:
+            answers[model] = original(model)
+        return answers[model]
+
+    wu._unsupported_derived_weight_cache_error = memo
+
+
+_memo_done = False
+
+
+def _release(flat: torch.Tensor) -> None:
+    """Let go of a kept buffer, unless the process that created it is gone: freeing a `file_system`-shared
+    segment tells its creator's torch_shm_manager, and with that manager dead torch aborts the whole process
+    (`terminate ... std::system_error: Broken pipe`, seen when a trainer was killed mid-sync and the engine then
+    dropped the bucket it had kept). Such a buffer is kept for good instead: one bucket per killed trainer."""
+    try:
+        name = flat.untyped_storage()._share_filename_cpu_()[1].decode()  # "/torch_<creator pid>_<rand>_<n>"
+        pid = int(name.lstrip("/").split("_")[1])
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        _orphans.append(flat)
+    except (RuntimeError, ValueError, IndexError, PermissionError, AttributeError):
+        pass  # not a file_system segment (CUDA, fd strategy, a test's own tensor): an ordinary free
+
+
+_orphans: list[torch.Tensor] = []
+
+
+def _tp_size() -> int:
+    try:
+        from sglang.srt.distributed import get_tensor_model_parallel_world_size  # SGLang is crossed here only
+
+        return get_tensor_model_parallel_world_size()
+    except Exception:  # outside an engine (unit tests): one rank
+        return 1
