@@ -83,10 +83,13 @@ def cmd_bench(args) -> int:
 
     if args.what == "serve-sync":
         return cmd_serve_sync(args)
-    if args.what != "sync":
-        raise ValueError(f"bench target {args.what!r} is invalid: expected 'sync' or 'serve-sync'")
     spec = bench.QUICK_SPEC if args.quick else bench.BENCH_SPEC
-    out = bench.bench_sync(spec, bucket_mb=args.bucket_mb, reps=args.reps, progress=not args.json)
+    if args.what == "delta":
+        from labkit.workbench.delta_bench import bench_delta
+
+        out = bench_delta(spec, bucket_mb=args.bucket_mb, syncs=args.reps, progress=not args.json)
+    else:
+        out = bench.bench_sync(spec, bucket_mb=args.bucket_mb, reps=args.reps, progress=not args.json)
     _write(out, args.out)
     _emit(out, args.json)
     return 0
@@ -215,8 +218,9 @@ def _add_main_commands(sub) -> None:
 def _add_bench_commands(sub) -> None:
     """bench, tune: measurements (JSON)."""
     d = sub.add_parser("bench", help="benchmarks; `labkit bench sync`: per-tensor vs bucketed vs memcpy; "
-                                     "`labkit bench serve-sync`: syncs under generate traffic, per pause mode")
-    d.add_argument("what", choices=["sync", "serve-sync"])
+                                     "`labkit bench serve-sync`: syncs under generate traffic, per pause mode; "
+                                     "`labkit bench delta`: full vs delta syncs into a bf16 engine")
+    d.add_argument("what", choices=["sync", "serve-sync", "delta"])
     d.add_argument("--modes", default=None, help="serve-sync: comma-separated pause modes "
                                                  f"(default {','.join(ServeBenchConfig().modes)})")
     add_arguments(d, ServeBenchConfig, ("syncs", "max_requests", "backend"),

@@ -26,6 +26,12 @@ model (`_memo_derived_weight_check`).
 Falls back to the model's own `load_weights` for the tensors it cannot map: a model without `param_view`, an
 engine with TP > 1 (each rank loads a shard: SGLang's loaders know how to cut it), a name the model does not
 map. `end_sync()` counts the tensors each path applied (the trainer reports them as `sync/apply_path`).
+
+Delta payloads (`DELTA_PREFIX`, labkit.engine.delta) carry only the words that changed since the last sync; they
+go through the same plan into the same parameter slices, and need every tensor of the bucket in it.
+
+The same entry point takes the distributed path: SGLang receives the broadcast bucket as one uint8 tensor named
+by its layout and hands it to the model's `load_weights`, which labkit's models route here (`routes`).
 """
 
 from __future__ import annotations
@@ -39,10 +45,12 @@ from dataclasses import dataclass, field
 import torch
 
 from labkit import failpoints as fp
+from labkit.engine import delta
 from labkit.engine.config import APPLY_FORMAT
 
 FORMAT = APPLY_FORMAT  # the import path SGLang resolves: this module's `load_flat` (unit-tested)
 PREFIX = "labkit-flat/1:"  # the single named tensor's name: PREFIX + the bucket's layout as JSON
+DELTA_PREFIX = "labkit-delta/1:"  # DELTA_PREFIX + "<word bytes>:<words>:<encoding>:" + the layout key
 KEEP = 4  # received buffers kept mapped (the trainer's pool holds 2; a new bucket size brings new ones)
 STATS_NAME = "labkit.apply/end_sync"  # get_weights_by_name(STATS_NAME) -> [[copied, via load_weights]]: end_sync
 
@@ -50,6 +58,24 @@ STATS_NAME = "labkit.apply/end_sync"  # get_weights_by_name(STATS_NAME) -> [[cop
 def layout_key(entries: list[tuple[str, str, tuple[int, ...], int, int]]) -> str:
     """The bucket's layout, `(hf_name, dtype, shape, start_byte, end_byte)` per tensor, as the payload's name."""
     return PREFIX + json.dumps([[n, d, list(s), a, b] for n, d, s, a, b in entries], separators=(",", ":"))
+
+
+def delta_key(layout: str, word: int, n_words: int, encoding: str = "mask") -> str:
+    """A delta payload's name: the bucket's layout key plus the codec's word size, word count and encoding."""
+    return f"{DELTA_PREFIX}{word}:{n_words}:{encoding}:{layout}"
+
+
+def layout_of(key: str) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of each tensor a labkit payload name carries (full or delta)."""
+    if key.startswith(DELTA_PREFIX):
+        key = key[len(DELTA_PREFIX):].split(":", 3)[3]
+    return [(n, tuple(shape)) for n, _, shape, _, _ in json.loads(key[len(PREFIX):])]
+
+
+def routes(weights) -> bool:
+    """Whether a `load_weights` call carries labkit payloads (the distributed path: labkit's models send
+    those here)."""
+    return bool(weights) and isinstance(weights[0][0], str) and weights[0][0].startswith((PREFIX, DELTA_PREFIX))
 
 
 @dataclass
@@ -70,12 +96,13 @@ def load_flat(model, named_tensors) -> None:
     """SGLang's custom-loader entry point: `named_tensors` is `[(layout_key, flat uint8 buffer)]`."""
     _memo_derived_weight_check()
     for key, flat in named_tensors:
+        if isinstance(key, str) and key.startswith(DELTA_PREFIX):
+            _apply_delta(model, key, flat)
+            continue
         if not isinstance(key, str) or not key.startswith(PREFIX):
             raise ValueError(f"labkit apply: payload name {str(key)[:60]!r} is not a labkit flat bucket "
-                             f"(expected {PREFIX!r} + layout)")
-        plan = _plans.get(key)
-        if plan is None or _moved(model, plan):
-            plan = _compile(model, key)
+                             f"(expected {PREFIX!r} or {DELTA_PREFIX!r} + layout)")
+        plan = _plan(model, key)
         srcs = _sources(flat, key, plan)
         if fp.engine_armed("engine.apply"):  # `labkit faults`: a failure in the middle of an apply
             for i, dst in zip(plan.direct, plan.dsts):
@@ -87,6 +114,29 @@ def load_flat(model, named_tensors) -> None:
             model.load_weights([(plan.entries[i][0], srcs[i]) for i in plan.fallback])
         _stats["copy_plan"] += len(plan.direct)
         _stats["load_weights"] += len(plan.fallback)
+
+
+def _plan(model, key: str) -> _Plan:
+    plan = _plans.get(key)
+    if plan is None or _moved(model, plan):
+        plan = _compile(model, key)
+    return plan
+
+
+def _apply_delta(model, key: str, payload: torch.Tensor) -> None:
+    """Write the changed words of a delta payload into the parameter slices of its bucket's plan."""
+    word, n_words, encoding, layout = key[len(DELTA_PREFIX):].split(":", 3)
+    plan = _plan(model, layout)
+    loose = [plan.entries[i][0] for i in plan.fallback] + \
+        [plan.entries[i][0] for i, d in zip(plan.direct, plan.dsts) if not d.is_contiguous()]
+    if loose:
+        raise ValueError(f"labkit apply: a delta sync needs every tensor of a bucket in the copy plan, and "
+                         f"{loose[:3]} ({len(loose)}) are not plain contiguous slices of this model's parameters; "
+                         f"sync with SyncConfig.delta=0")
+    fp.hit("engine.apply", name=plan.entries[0][0])
+    spans = [(e[3], e[4]) for e in plan.entries]
+    delta.decode_into(_held(payload), int(word), int(n_words), spans, plan.dsts, encoding)  # dsts == entries
+    _stats["copy_plan"] += len(plan.direct)
 
 
 def end_sync() -> list[int]:
@@ -130,13 +180,7 @@ def _moved(model, plan: _Plan) -> bool:
 def _sources(flat: torch.Tensor, key: str, plan: _Plan) -> list[torch.Tensor]:
     """Views of each tensor in `flat`, built once per (kept buffer, layout). Keeping `flat` keeps its segment
     mapped, so the next bucket's handle to the same buffer resolves to this mapping (no fresh mmap)."""
-    ptr = flat.data_ptr()
-    held = _mapped.get(ptr)
-    if held is None or held[0].untyped_storage().nbytes() != flat.untyped_storage().nbytes():
-        held = _mapped[ptr] = (flat, {})
-        while len(_mapped) > KEEP:
-            _release(_mapped.popitem(last=False)[1][0])
-    _mapped.move_to_end(ptr)
+    held = _keep(flat)
     views = held[1].get(key)
     if views is None:
         base = held[0].untyped_storage()
@@ -144,6 +188,27 @@ def _sources(flat: torch.Tensor, key: str, plan: _Plan) -> list[torch.Tensor]:
         buf = torch.empty(0, dtype=torch.uint8).set_(base, off, (base.nbytes() - off,))
         views = held[1][key] = [buf[a:b].view(getattr(torch, d)).view(s) for _, d, s, a, b in plan.entries]
     return views
+
+
+def _keep(flat: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """The kept (buffer, views by layout) entry for `flat`'s segment; a buffer not in shared memory (the
+    distributed path receives into a fresh tensor each bucket) is not kept."""
+    if not flat.is_shared():
+        return flat, {}
+    ptr = flat.data_ptr()
+    held = _mapped.get(ptr)
+    if held is None or held[0].untyped_storage().nbytes() != flat.untyped_storage().nbytes():
+        held = _mapped[ptr] = (flat, {})
+        while len(_mapped) > KEEP:
+            _release(_mapped.popitem(last=False)[1][0])
+    _mapped.move_to_end(ptr)
+    return held
+
+
+def _held(payload: torch.Tensor) -> torch.Tensor:
+    """`payload`, with its segment kept mapped for the rest of the sync (no fresh mmap for the next bucket)."""
+    _keep(payload)
+    return payload
 
 
 def _memo_derived_weight_check() -> None:

@@ -38,6 +38,7 @@ class EngineHandle:
         self._strategy = strategy  # where a restart() puts the new actor
         self._closed = self._paused = False
         self._loaders: tuple[str, ...] | None = None  # custom weight loaders, asked once per start
+        self._routes: bool | None = None  # the model passes labkit payloads to labkit's loader (routes_flat)
         self.pauses = collections.deque(maxlen=64)  # (paused_at, continued_at or None), this handle's calls
 
     # --- construction (labkit.engine.lifecycle starts the backends) --------------------------------------
@@ -61,7 +62,7 @@ class EngineHandle:
             self._b.with_timeout(10.0).shutdown()
             self._b, self._actor = lifecycle.start_actor(self.cfg, self._strategy)
         self._closed = self._paused = False
-        self._loaders = None
+        self._loaders = self._routes = None
 
     @classmethod
     def connect(cls, url: str, cfg: EngineConfig | None = None) -> EngineHandle:
@@ -94,6 +95,15 @@ class EngineHandle:
 
         rows = self._b.get_weights_by_name(STATS_NAME, 1)
         return [int(v) for v in rows[0]] if rows else [0, 0]
+
+    def routes_flat(self) -> bool:
+        """Whether the engine's model hands labkit payloads in `load_weights` to labkit's loader (labkit's own
+        models answer the loader's stats name; SGLang's answer None). Asked once."""
+        if self._routes is None:
+            from labkit.engine.apply import STATS_NAME
+
+            self._routes = self._b.get_weights_by_name(STATS_NAME, 1) is not None
+        return self._routes
 
     def portable(self, call_timeout_s: float | None = None) -> EngineHandle:
         """A picklable handle to the same engine for another process (e.g. a trainer actor); it owns
@@ -162,7 +172,11 @@ class EngineHandle:
     def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
                                         group_name: str = "weight_update_group", flush_cache: bool = True,
                                         load_format: str | None = None, weight_version: str | None = None) -> str:
-        self._check(list(zip(names, shapes)), "update_weights_from_distributed")
+        from labkit.engine import apply  # torch: the layout a labkit payload name carries
+
+        items = [x for n in names for x in apply.layout_of(n)] if apply.routes([(names[0], None)]) \
+            else list(zip(names, shapes))
+        self._check(items, "update_weights_from_distributed")
         return self._control("update_weights_from_distributed", names, dtypes, shapes, group_name, flush_cache,
                              load_format, weight_version)
 

@@ -223,6 +223,10 @@ class ServerProcess:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         env = compat.env()  # SGLANG_USE_CPU_ENGINE + placeholder first on PYTHONPATH (CPU only)
         env.setdefault("SGLANG_EXTERNAL_MODEL_PACKAGE", MODEL_PACKAGE)
+        # GET /health as liveness (what the actor backend's health answers), not a one-token generate: a paused
+        # server holds that generate, so after a failed atomic sync (generation paused) the guard's health probe
+        # waited out the call timeout, read "dead" and restarted a live server (~60 s) instead of restoring it.
+        env.setdefault("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "false")
         fd, path = tempfile.mkstemp(prefix="labkit_sglang_server_", suffix=".log")
         self.log = Path(path)
         argv = [sys.executable, "-m", "sglang.launch_server", *cfg.server_argv(device, host, self.port)]

@@ -68,7 +68,8 @@ def stream(named_tensors, engine, cfg: SyncConfig | None = None, weight_version:
     (there is no trainer to keep a replayed plan in), so the pairs are read into a list first, as a trainer's
     first sync does, and frees its buffers before it returns. Any order is fine: the pairs are reordered so
     that the tensors the engine fuses on load (q/k/v, gate/up) come together, as a model's own export has them
-    and as the plan's buckets need (a safetensors file lists names alphabetically).
+    and as the plan's buckets need (a safetensors file lists names alphabetically). For the same reason
+    `cfg.delta` has nothing to compare with here: every call is an anchor (a full sync).
     """
     from labkit.sync.atomic import guard_for
     from labkit.sync.session import Syncer

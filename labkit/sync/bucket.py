@@ -13,6 +13,7 @@ import gc
 import torch
 
 from labkit import failpoints as fp
+from labkit.engine.apply import layout_key as _layout_key
 from labkit.sync.plan import Bucket
 
 
@@ -34,6 +35,32 @@ def metadata(bucket: Bucket) -> list:
                                            start_idx=offset, end_idx=offset + t.nbytes, numel=t.nbytes))
         offset += t.nbytes
     return out
+
+
+def layout_key(bucket: Bucket) -> str:
+    """The name labkit's engine-side loader reads a flat bucket by (labkit.engine.apply.layout_key)."""
+    entries, offset = [], 0
+    for t in bucket.tensors:
+        entries.append((t.name, t.dtype, tuple(t.shape), offset, offset + t.nbytes))
+        offset += t.nbytes
+    return _layout_key(entries)
+
+
+def gather(it, b: Bucket, seen: set) -> dict:
+    """Pull this bucket's tensors from the export (plan order == export order, duplicates skipped)."""
+    tensors = {}
+    for name, t in it:
+        if name in seen:
+            continue  # duplicates (PP>1 + MTP) were dropped from the plan
+        seen.add(name)
+        tensors[name] = t
+        if len(tensors) == len(b.tensors):
+            break
+    if set(tensors) != set(b.names):
+        lost, extra = sorted(set(b.names) - set(tensors)), sorted(set(tensors) - set(b.names))
+        raise RuntimeError(f"export order changed since the plan was made (bucket {b.index}): planned but not "
+                           f"exported in order {lost[:3]}, unplanned {extra[:3]}")
+    return tensors
 
 
 def pack(bucket: Bucket, tensors: dict[str, torch.Tensor], out: torch.Tensor) -> torch.Tensor:

@@ -48,6 +48,10 @@ class SyncConfig:
     """Internal: where the session writes a host copy of what it sends (set by labkit.sync.atomic)."""
     unsafe_skip_verify: bool = False
     """Let the atomic guard serve (and keep as rollback) verify="none" weights."""
+    delta: int = 0
+    """0: every sync sends every byte. N >= 1: send only the words that changed since the engine's copy (a change
+    mask + the changed words, into labkit's engine-side loader; colocated or distributed), with a full sync,
+    the anchor, at least every N syncs (labkit.sync.delta). Pays off where the engine serves bf16."""
     pause_mode: PauseMode = "abort"
     """Atomic syncs: SGLang's pause mode (abort, retract; in_place is refused; labkit.workbench.serve_sync)."""
 
@@ -69,6 +73,11 @@ class SyncConfig:
             raise ValueError("verify='none' is refused by the atomic guard (atomic=True): it would serve, and keep as "
                              "the rollback target, weights nobody checked; pass unsafe_skip_verify=True to serve "
                              "unverified weights, or atomic=False to measure the bare transport")
+        check(isinstance(self.delta, int) and not isinstance(self.delta, bool) and self.delta >= 0, "delta",
+              self.delta, "0 (off) or the number of syncs between full anchors (>= 1)")
+        if self.delta:
+            check(self.transport in ("colocated", "distributed"), "transport", self.transport,
+                  "colocated or distributed with delta (one flat bucket per call carries a delta)")
         check_choice(self, "pause_mode")
         if self.atomic and self.pause_mode == "in_place":
             raise ValueError("pause_mode='in_place' is refused by the atomic guard (atomic=True): SGLang leaves "

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from labkit.engine.contract import check_tensors, fused_group
+from labkit.sync.config import MB, SyncConfig
 
 ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
             "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
@@ -171,3 +172,19 @@ def check_coverage(plan: Plan, engine: dict | None, exclude: tuple[str, ...] = (
                          f"and not excluded, they would keep stale weights (e.g. {missing[:3]}); name tensors "
                          "left unchanged on purpose with exclude=")
     return [n for n in left if any(x in n for x in exclude)]
+
+
+def metas_of(named) -> list[TensorMeta]:
+    """(name, tensor) pairs -> what planning needs of them (no torch import: the dtype's name only)."""
+    return [TensorMeta(n, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in named]
+
+
+def make_plan(metas: list[TensorMeta], cfg: SyncConfig, engine_dtype: str | None = None) -> Plan:
+    """The plan a sync config asks for: per-tensor (one call each) or buckets within the memory budget."""
+    if engine_dtype:  # the engine serves in its own dtype; cast on the trainer side while packing
+        metas = [TensorMeta(m.name, m.shape, engine_dtype if m.dtype.startswith(("float", "bfloat")) else m.dtype)
+                 for m in metas]
+    if cfg.transport == "per-tensor":
+        return plan_buckets(metas, 1, group=lambda n: n)  # one tensor per call, the baseline
+    budget = int(cfg.memory_budget_mb * MB) if cfg.memory_budget_mb else None
+    return plan_buckets(metas, cfg.bucket_bytes, budget_bytes=budget)

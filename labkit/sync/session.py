@@ -25,25 +25,13 @@ from tqdm.auto import tqdm
 from labkit import failpoints as fp
 from labkit.sync import bucket as bk
 from labkit.sync import hooks as hk
-from labkit.sync.config import MB, SyncConfig
-from labkit.sync.plan import Bucket, Plan, TensorMeta, check_coverage, excluding, plan_buckets
+from labkit.sync.config import SyncConfig
+from labkit.sync.delta import DeltaState
+from labkit.sync.memory import PeakRSS
+from labkit.sync.plan import Bucket, Plan, check_coverage, excluding, make_plan, metas_of
 from labkit.sync.transport import Transport, make
 
-PHASES = ("gather", "pack", "transfer", "load", "verify", "stage", "session", "setup")
-
-
-def metas_of(named) -> list[TensorMeta]:
-    return [TensorMeta(n, tuple(t.shape), bk.dtype_name(t.dtype)) for n, t in named]
-
-
-def make_plan(metas: list[TensorMeta], cfg: SyncConfig, engine_dtype: str | None = None) -> Plan:
-    if engine_dtype:  # the engine serves in its own dtype; cast on the trainer side while packing
-        metas = [TensorMeta(m.name, m.shape, engine_dtype if m.dtype.startswith(("float", "bfloat")) else m.dtype)
-                 for m in metas]
-    if cfg.transport == "per-tensor":
-        return plan_buckets(metas, 1, group=lambda n: n)  # one tensor per call, the baseline
-    budget = int(cfg.memory_budget_mb * MB) if cfg.memory_budget_mb else None
-    return plan_buckets(metas, cfg.bucket_bytes, budget_bytes=budget)
+PHASES = ("gather", "pack", "encode", "transfer", "load", "verify", "stage", "session", "setup")
 
 
 def _sync_device() -> None:
@@ -60,6 +48,7 @@ class _State:
     phases: dict = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     plan: Plan | None = None
     transport: Transport | None = None
+    delta: DeltaState | None = None  # cfg.delta: the copy of what the engine holds (labkit.sync.delta)
     unverified: list[str] | None = None
     device: str = "cpu"
     release: bool = False  # the KV cache is released while weights are in flight
@@ -70,6 +59,8 @@ class _State:
     worker: ThreadPoolExecutor | None = None
     pending: Future | None = None  # the previous bucket's send, still loading
     pending_b: Bucket | None = None
+    rss: PeakRSS | None = None  # resident memory over prepare + stream (labkit.sync.memory)
+    held: int = 0  # reusable buffers already resident when the sync began
 
     def timed(self, phase: str, fn, *args):
         t0 = time.perf_counter()
@@ -96,7 +87,9 @@ class Syncer:
 
     def __init__(self):
         self.plan: Plan | None = None
+        self.plan_key: tuple | None = None  # (bucket bytes, engine dtype) the plan was made for
         self.pool: bk.BufferPool | None = None
+        self.delta: DeltaState | None = None
         self.version = 0
 
     def close(self) -> None:
@@ -104,43 +97,58 @@ class Syncer:
         if self.pool is not None:
             self.pool.close()
             self.pool = None
+        if self.delta is not None:
+            self.delta.close()
+            self.delta = None
 
     def run(self, named_iter, engine, cfg: SyncConfig, engine_spec: dict | None = None,
             weight_version: str | None = None, exclude: tuple[str, ...] = ()) -> dict:
         """prepare -> open the session -> stream the buckets -> close the session -> hooks' results -> metrics.
         `exclude`: name substrings left out on purpose (they stay unchanged and are reported unverified)."""
-        s = _State(cfg)
-        named_iter = self._prepare(s, named_iter, engine_spec, tuple(exclude))  # plan, coverage, buffers
+        s = _State(cfg, held=self._held_bytes())
+        s.rss = PeakRSS().start()  # the kernel's high-water mark from here on: what the plan cannot count
+        named_iter = self._prepare(s, named_iter, engine, engine_spec, tuple(exclude))  # plan, buffers, transport
         s.version = weight_version or f"v{self.version + 1}"
         self._open_session(s, engine)  # release the KV cache, begin_weight_update
         hooks = hk.for_config(cfg)  # expected checksums or full copies; the rollback copy
         try:
             self._stream(s, iter(named_iter), engine, hooks)  # gather, pack, send (overlapped), hooks
+            s.rss.stop()
         except BaseException:
             _abort(s, engine, hooks)  # best effort, never masking the original error
+            if s.delta is not None:
+                s.delta.drop()  # the engine may hold anything now: the next sync is an anchor
             raise
         self._close_session(s, engine)  # end_weight_update, flush_cache, resume memory, new version
         self.version += 1
         result = _coverage(s.unverified)
         for h in hooks:  # verification, then the rollback copy made complete
             result.update(s.timed(h.phase, h.finish, engine, s.version))
+        if s.delta is not None:  # a sync that did not verify leaves nothing to compute a delta against
+            s.delta.drop() if result.get("sync/verified") is False else s.delta.commit(s.version)
         return _metrics(s, result)
 
+    def _held_bytes(self) -> int:
+        return sum(p.allocated_bytes for p in (self.pool, self.delta and self.delta.pool) if p is not None)
+
     # --- prepare --------------------------------------------------------------------------------------------
-    def _prepare(self, s: _State, named_iter, engine_spec: dict | None, exclude: tuple[str, ...]):
-        """Plan (or replay the plan), refuse a sync that would not cover the engine, size the buffers."""
+    def _prepare(self, s: _State, named_iter, engine, engine_spec: dict | None, exclude: tuple[str, ...]):
+        """Plan (or replay the plan), refuse a sync that would not cover the engine, size the buffers, decide
+        full or delta, make the transport."""
         cfg = s.cfg
-        s.transport = make(cfg.transport, timeout_s=cfg.timeout_s)
         excluded: list[str] = []
         named_iter = excluding(named_iter, exclude, excluded) if exclude else named_iter
         bucket_bytes = 1 if cfg.transport == "per-tensor" else cfg.bucket_bytes
-        replan = self.plan is None or self.plan.bucket_bytes != bucket_bytes
+        # One trainer may sync engines serving different dtypes: a plan is replayed for the same bucket size
+        # and engine dtype only (a bf16 engine refused an fp32 plan replayed from an fp32 engine's syncs).
+        key = (bucket_bytes, engine_spec and engine_spec.get("dtype"))
+        replan = self.plan is None or self.plan_key != key
         if replan:
             named_iter = list(named_iter)  # first sync: learn the tensor list, then replay the plan
             s.phases["gather"] += time.perf_counter() - s.t_start
         t_setup = time.perf_counter()  # plan, validation, buffers, transport: paid in full on a first sync
         if replan:
-            self.plan = make_plan(metas_of(named_iter), cfg, engine_spec and engine_spec.get("dtype"))
+            self.plan, self.plan_key = make_plan(metas_of(named_iter), cfg, key[1]), key
             self.pool = None
         s.plan, s.cold = self.plan, replan
         try:  # before the first byte moves
@@ -150,6 +158,12 @@ class Syncer:
             self.plan = None  # a bad plan is not replayed: the next sync lists the export again
             raise
         self._buffers(s)
+        if cfg.delta:
+            self.delta = self.delta or DeltaState(cfg.delta, shared=s.device == "cpu")
+            self.delta.anchor_every, s.delta = cfg.delta, self.delta
+            s.delta.begin(s.plan, engine.weight_version)
+            s.extra = s.peak = s.extra + (s.delta.pool.allocated_bytes if s.delta.pool else 0)
+        s.transport = make(cfg.transport, timeout_s=cfg.timeout_s, delta=s.delta)
         s.release = torch.cuda.is_available() if cfg.release_kv_cache is None else cfg.release_kv_cache
         s.phases["setup"] += time.perf_counter() - t_setup
         return named_iter
@@ -161,11 +175,12 @@ class Syncer:
             # across unrelated processes and kills SGLang's scheduler (AuthenticationError).
             torch.multiprocessing.set_sharing_strategy("file_system")
         normal = max((b.nbytes for b in s.plan.buckets if not b.oversize), default=1)
-        if s.transport.flattened and (self.pool is None or self.pool.nbytes < normal):
+        if s.cfg.transport != "per-tensor" and (self.pool is None or self.pool.nbytes < normal):
             self.pool = bk.BufferPool(normal, device=s.device, shared=s.cfg.transport == "colocated")
             s.cold = True
         # Memory the sync adds: the reusable flat buffers (or, per tensor, one cast copy in flight).
-        s.extra = s.peak = self.pool.allocated_bytes if s.transport.flattened else s.plan.largest_tensor_bytes
+        s.extra = s.peak = self.pool.allocated_bytes if s.cfg.transport != "per-tensor" else \
+            s.plan.largest_tensor_bytes
 
     # --- the session ----------------------------------------------------------------------------------------
     @staticmethod
@@ -188,7 +203,7 @@ class Syncer:
                       mininterval=1.0):
             if s.pending is not None and not (cfg.overlap and plan.overlaps(s.pending_b.index)):
                 s.collect()  # no overlap: let the previous bucket land first
-            tensors = s.timed("gather", _gather, it, b, seen)
+            tensors = s.timed("gather", bk.gather, it, b, seen)
             flat = s.timed("pack", self._pack, s, b, tensors) if s.transport.flattened else None
             s.note_peak(b)
             s.collect()
@@ -231,23 +246,6 @@ class Syncer:
         return buf
 
 
-def _gather(it, b: Bucket, seen: set) -> dict:
-    """Pull this bucket's tensors from the export (plan order == export order, duplicates skipped)."""
-    tensors = {}
-    for name, t in it:
-        if name in seen:
-            continue  # duplicates (PP>1 + MTP) were dropped from the plan
-        seen.add(name)
-        tensors[name] = t
-        if len(tensors) == len(b.tensors):
-            break
-    if set(tensors) != set(b.names):
-        lost, extra = sorted(set(b.names) - set(tensors)), sorted(set(tensors) - set(b.names))
-        raise RuntimeError(f"export order changed since the plan was made (bucket {b.index}): planned but not "
-                           f"exported in order {lost[:3]}, unplanned {extra[:3]}")
-    return tensors
-
-
 def _abort(s: _State, engine, hooks: list[hk.Hook]) -> None:
     """A failed sync: best effort, never masking the original error (the engine may be the thing that
     failed). labkit.sync.atomic then restores the last good weights before the engine serves again."""
@@ -284,12 +282,15 @@ def _metrics(s: _State, result: dict) -> dict:
         "sync/bucket_bytes": plan.bucket_bytes,
         "sync/gbps": round(plan.total_bytes / max(total - s.phases["verify"], 1e-9) / 1e9, 4),
         "sync/peak_extra_bytes": s.peak,
+        # measured: reusable buffers resident before the sync + how far resident memory rose until its last bucket
+        "sync/peak_extra_bytes_measured": None if s.rss.rise is None else s.held + s.rss.rise,
         "sync/largest_tensor_bytes": plan.largest_tensor_bytes,
         "sync/weight_version": s.version,
         "sync/port_retries": s.transport.port_retries,
         # copy_plan: labkit's engine-side loader (labkit.engine.apply); load_weights: SGLang's per-tensor loop;
         # mixed: the loader sent tensors its model could not map to load_weights.
         "sync/apply_path": getattr(s.transport, "apply_path", "load_weights"),
+        **(s.delta.metrics() if s.delta is not None else {"sync/wire_bytes": plan.total_bytes}),
         **result,
     })
     return out

@@ -42,17 +42,20 @@ class Transport(Protocol):
 
     def send(self, engine, b: Bucket, tensors: dict[str, torch.Tensor] | None = None,
              flat: torch.Tensor | None = None) -> dict:
-        """Returns once the engine loaded bucket `b`: seconds by phase ({"transfer", "load"})."""
+        """Returns once the engine loaded bucket `b`: seconds by phase ({"encode", "transfer", "load"})."""
         ...
 
     def close(self, engine) -> None: ...
 
 
-def make(name: str, timeout_s: float = 120.0) -> Transport:
+def make(name: str, timeout_s: float = 120.0, delta=None) -> Transport:
+    """`delta`: a labkit.sync.delta.DeltaState (colocated and distributed only)."""
     if name == "per-tensor":
+        if delta is not None:
+            raise ValueError("transport='per-tensor' cannot carry a delta: use colocated or distributed")
         return PerTensor()
     if name == "colocated":
-        return Colocated()
+        return Colocated(delta=delta)
     if name == "distributed":
-        return Distributed(timeout_s=timeout_s)
+        return Distributed(timeout_s=timeout_s, delta=delta)
     raise ValueError(f"transport={name!r} is invalid: expected one of {', '.join(TRANSPORTS)}")

@@ -24,7 +24,7 @@ from labkit.sync import SyncConfig, engine_spec
 from labkit.sync import bucket as bk
 from labkit.sync import verify as vf
 from labkit.sync.atomic import SyncFailed, guard_for
-from labkit.sync.session import make_plan, metas_of
+from labkit.sync.plan import make_plan, metas_of
 from labkit.trainer.group import Trainer
 from labkit.workbench.core import Workbench
 from labkit.workbench.faults import KINDS, QUICK_KINDS, SPEC, FaultsConfig, Trial, plan_trials, summarize

@@ -55,7 +55,7 @@ def bench_table(run: dict) -> list[str]:
     lines = [_row(head), _row(["---"] * len(head))]
     for t in ("per-tensor", "colocated", "distributed"):
         key = t.replace("-", "_")
-        apply = run["bench/apply_path"] if t == "colocated" else "load_weights"
+        apply = run.get(f"bench/apply_path/{t}", run["bench/apply_path"] if t == "colocated" else "load_weights")
         lines.append(_row([t, f"{run[f'bench/{key}_seconds']:.3f}", f"{run[f'bench/{key}_gbps']:.2f}",
                            f"{run.get(f'bench/{key}_vs_memcpy', 0):.3f}" if t != "per-tensor" else "",
                            f"{run[f'bench/end_to_end_seconds/{t}']:.3f}", apply]))
@@ -66,11 +66,37 @@ def bench_table(run: dict) -> list[str]:
                   f"**{run['bench/speedup_end_to_end']:.1f}×** end to end. `bench/verified`: "
                   f"{run['bench/verified']} ({run['bench/engine_tensors_changed']} of {run['bench/engine_tensors']} "
                   f"engine tensors changed over the run)."]
+    if "bench/peak_extra_bytes_measured" in run:
+        lines[-1] += (f" Extra memory of a bucketed sync: {run['bench/peak_extra_bytes'] / 1e6:.0f} MB planned, "
+                      f"{run['bench/peak_extra_bytes_measured'] / 1e6:.0f} MB measured (the kernel's resident "
+                      f"high-water mark), against a contract of 2 × bucket + largest tensor = "
+                      f"{(2 * run['bench/bucket_bytes'] + run['bench/largest_tensor_bytes']) / 1e6:.0f} MB.")
+    return lines
+
+
+def delta_table(run: dict) -> list[str]:
+    head = ["transport", "changed words", "on the wire (of full)", "weight-moving full / delta (s)",
+            "end to end full / delta (s)", "delta time (of full), moving / end to end"]
+    lines = [_row(head), _row(["---"] * len(head))]
+    for t in ("colocated", "distributed"):
+        if f"bench/delta/wire_ratio/{t}" not in run:
+            continue
+        g = lambda k: run[f"bench/delta/{k}/{t}"]  # noqa: E731
+        lines.append(_row([t, f"{g('changed_fraction'):.1%}", f"{g('wire_ratio'):.1%}",
+                           f"{g('seconds/full'):.3f} / {g('seconds/delta'):.3f}",
+                           f"{g('end_to_end_seconds/full'):.3f} / {g('end_to_end_seconds/delta'):.3f}",
+                           f"{g('time_ratio'):.2f}× / {g('time_ratio_end_to_end'):.2f}×"]))
+    lines += ["", f"{run['bench/delta/model_bytes'] / 1e6:.0f} MB in the engine's bfloat16, "
+                  f"{run['bench/delta/bucket_bytes'] >> 20} MiB buckets, lr {run['bench/delta/lr']:g}, medians of "
+                  f"{run['bench/delta/syncs']} syncs per arm, anchor every {run['bench/delta/anchor_every']}. "
+                  f"`bench/delta/verified`: {run['bench/delta/verified']} (every timed sync verified against the "
+                  f"trainer's full export; {run['bench/delta/engine_tensors_changed']} of "
+                  f"{run['bench/delta/engine_tensors']} engine tensors changed over the run)."]
     return lines
 
 
 TABLES = {"faults": ("faults_cpu.json", faults_table), "serve-sync": ("bench_serve_sync_cpu.json", serve_table),
-          "bench-sync": ("bench_sync_cpu.json", bench_table)}
+          "bench-sync": ("bench_sync_cpu.json", bench_table), "bench-delta": ("bench_delta_cpu.json", delta_table)}
 
 
 def render(name: str, data_dir: Path) -> str:

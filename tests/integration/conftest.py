@@ -16,8 +16,8 @@ def engine_config(model_dir, **kw):
     from labkit.engine import EngineConfig
 
     # fp32 so weights compare bitwise with the trainer's; a tiny KV cache instead of SGLang's RAM-sized default
-    return EngineConfig(model_dir=str(model_dir), dtype="float32", mem_fraction_static=0.05,
-                        max_total_tokens=2048, random_seed=0, **kw)
+    return EngineConfig(**{"model_dir": str(model_dir), "dtype": "float32", "mem_fraction_static": 0.05,
+                           "max_total_tokens": 2048, "random_seed": 0, **kw})
 
 
 def shm_leftovers(pids=()) -> list[str]:

@@ -52,7 +52,10 @@ def test_every_transport_syncs_a_trained_model_bitwise(transport, trainer, engin
     assert m["sync/weight_version"] == engine.weight_version != before
     assert m["sync/num_buckets"] > 1 or transport == "per-tensor"
     # colocated: labkit's engine-side loader applied every tensor by its copy plan (labkit.engine.apply)
-    assert m["sync/apply_path"] == ("copy_plan" if transport == "colocated" else "load_weights")
+    # labkit's engine-side loader applied every tensor by its copy plan (labkit.engine.apply); distributed: the
+    # bucket arrives as one tensor the model hands to it
+    assert m["sync/apply_path"] == ("load_weights" if transport == "per-tensor" else "copy_plan")
+    assert m["sync/wire_bytes"] == m["sync/bytes"]  # no delta: every byte
     for key in ("gather", "pack", "transfer", "load", "verify", "total"):
         assert m[f"timing/sync/{key}"] >= 0
     assert m["sync/bytes"] == sum(t.numel() * t.element_size() for _, t in trainer.export())
@@ -84,6 +87,8 @@ def test_verification_catches_a_tampered_engine(trainer, engine):
 @pytest.mark.parametrize("kwargs,match", [
     ({"bucket_mb": 0}, "bucket_mb=0"), ({"bucket_mb": -3}, "bucket_mb=-3"), ({"bucket_mb": "64"}, "bucket_mb='64'"),
     ({"bucket_mb": 64, "memory_budget_mb": 100}, "bucket_mb=64"), ({"transport": "carrier-pigeon"}, "transport="),
+    ({"delta": -1}, "delta=-1"), ({"delta": True}, "delta=True"),
+    ({"transport": "per-tensor", "delta": 2}, "transport='per-tensor'.*colocated or distributed with delta"),
 ])
 def test_bad_sync_config_is_refused_naming_the_value(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -104,18 +109,61 @@ def test_plan_that_does_not_match_the_engine_fails_before_anything_moves(trainer
     assert engine.weight_version == version and engine.checksums() == sums
 
 
-def test_sync_into_an_http_server(trainer, engine_model_dir):
+@pytest.fixture(scope="module")
+def bf16_server(engine, engine_model_dir):
+    """An SGLang HTTP server serving bf16 while the trainer keeps fp32 master weights: the server backend, and
+    the case delta sync is for. Greedy output after HTTP syncs: tests/integration/test_serve_sync.py."""
     from labkit.engine import EngineHandle
     from tests.integration.conftest import engine_config
 
-    with EngineHandle.launch(engine_config(engine_model_dir)) as http:
-        for transport in ("per-tensor", "colocated"):
-            _train(trainer, steps=1, seed=42)
-            m = sync(trainer, http, SyncConfig(transport=transport, bucket_mb=0.05, progress=False))
-            assert m["sync/verified"] is True, m
-            assert m["sync/apply_path"] == ("copy_plan" if transport == "colocated" else "load_weights")
-            assert http.weight_version == m["sync/weight_version"]
-        assert _greedy_matches(trainer, http)
+    with EngineHandle.launch(engine_config(engine_model_dir, dtype="bfloat16")) as e:
+        yield e
+
+
+def test_sync_into_an_http_server(trainer, bf16_server):
+    for transport in ("per-tensor", "colocated"):
+        _train(trainer, steps=1, seed=42)
+        m = sync(trainer, bf16_server, SyncConfig(transport=transport, bucket_mb=0.05, progress=False))
+        assert m["sync/verified"] is True, m  # against the trainer's export cast to bf16
+        assert m["sync/apply_path"] == ("copy_plan" if transport == "colocated" else "load_weights")
+        assert bf16_server.weight_version == m["sync/weight_version"]
+
+
+def test_delta_sync_lands_what_a_full_sync_lands_over_five_versions(trainer, bf16_server):
+    """Anchor, deltas, anchor again: each version verified against the trainer's full export (cast to bf16),
+    on both transports that carry a delta; a full sync afterwards finds nothing to change."""
+    kinds, wire = [], []
+    for v, transport in enumerate(["colocated", "colocated", "distributed", "colocated", "colocated"]):
+        if v != 1:  # version 2 sends the same weights again: a delta of no changed words
+            _train(trainer, steps=1, seed=700 + v)
+        m = sync(trainer, bf16_server, SyncConfig(transport=transport, bucket_mb=0.05, delta=4, progress=False))
+        assert m["sync/verified"] is True and m["sync/apply_path"] == "copy_plan", m
+        kinds.append(m["sync/delta"])
+        wire.append((m["sync/wire_bytes"], m["sync/bytes"], m["sync/changed_fraction"]))
+    assert kinds == ["anchor", "delta", "delta", "delta", "anchor"], kinds
+    assert wire[0][0] == wire[0][1] and wire[0][2] == 1.0  # the anchor sends every byte
+    assert wire[1][2] == 0.0 and wire[1][0] < wire[1][1] / 15  # unchanged: a 1-bit-per-word mask, no values
+    assert all(0 < c < 1 for _, _, c in wire[2:4]), wire
+    before = bf16_server.checksums()
+    m = sync(trainer, bf16_server, SyncConfig(transport="colocated", bucket_mb=0.05, progress=False))
+    assert m["sync/verified"] is True and bf16_server.checksums() == before
+
+
+def test_a_failed_delta_sync_makes_the_next_one_an_anchor(trainer, bf16_server):
+    from labkit import failpoints as fp
+    from labkit.sync.atomic import SyncFailed
+
+    cfg = SyncConfig(transport="colocated", bucket_mb=0.05, delta=8, progress=False)
+    sync(trainer, bf16_server, cfg)
+    _train(trainer, steps=1, seed=750)
+    fp.arm_in_actor(trainer.actors[0], "transport.send", "raise", 2)  # the second bucket's send fails
+    with pytest.raises(SyncFailed) as err:
+        sync(trainer, bf16_server, cfg)
+    # restored in place: a paused server's health probe once waited out its timeout and the guard restarted it
+    assert err.value.restored and err.value.metrics["sync/engine_restarted"] is False, err.value.metrics
+    m = sync(trainer, bf16_server, cfg)
+    assert m["sync/verified"] is True and m["sync/delta"] == "anchor", m
+    assert m["sync/delta_reason"] == "no copy of the engine's weights"
 
 
 def test_engine_serves_the_new_weights_not_stale_prefix_cache(trainer, engine):

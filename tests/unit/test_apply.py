@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from labkit.engine import apply
+from labkit.engine import apply, delta
 from labkit.engine.config import APPLY_FORMAT
 
 
@@ -67,6 +67,7 @@ def test_copy_plan_lands_every_tensor_bitwise_and_counts_paths():
 def test_a_kept_buffer_is_reused_and_new_bytes_in_it_land():
     m = Model()
     key, flat = _bucket({"q": torch.randn(4, 3), "norm": torch.randn(3)})
+    flat.share_memory_()  # as the colocated transport's pool: only shared buffers are kept mapped
     apply.load_flat(m, [(key, flat)])
     views = apply._mapped[flat.data_ptr()][1][key]
     new = {"q": torch.randn(4, 3), "norm": torch.randn(3)}
@@ -102,3 +103,50 @@ def test_bench_verdict_fails_when_the_engine_did_not_change_or_a_sync_did_not_ve
     assert verdict([True, True], before, dict(before))["bench/verified"] is False  # same bytes: proves nothing
     assert verdict([True, False], before, {"a": "09", "b": "03"})["bench/verified"] is False
     assert verdict([], before, {"a": "09"})["bench/verified"] is False
+
+
+def _delta(old: dict, new: dict):
+    """(delta payload name, payload) taking a bucket from `old` to `new`, as labkit.sync.delta sends it."""
+    key, flat_new = _bucket(new)
+    shadow = _bucket(old)[1]
+    word = delta.word_bytes(t.element_size() for t in new.values())
+    out = torch.empty(flat_new.numel(), dtype=torch.uint8)
+    payload, _, encoding = delta.encode(flat_new, shadow, word, out)
+    return apply.delta_key(key, word, flat_new.numel() // word, encoding), payload
+
+
+def test_a_delta_payload_lands_bitwise_through_the_plan():
+    m = Model()
+    old = {"q": torch.randn(4, 3), "norm": torch.randn(3)}
+    key, flat = _bucket(old)
+    apply.load_flat(m, [(key, flat)])
+    new = {"q": old["q"].clone(), "norm": old["norm"].clone()}
+    new["q"][2, 1] = 7.0  # one word of q, one of norm
+    new["norm"][0] = -0.0 if old["norm"][0] != 0 else 1.0
+    name, payload = _delta(old, new)
+    assert payload.numel() < flat.numel()
+    apply.load_flat(m, [(name, payload)])
+    assert torch.equal(m.qkv[:4].view(torch.int32), new["q"].view(torch.int32))
+    assert torch.equal(m.norm.view(torch.int32), new["norm"].view(torch.int32))  # bitwise: -0.0 is not 0.0
+    assert apply.end_sync() == [4, 0]
+
+
+def test_a_delta_for_a_bucket_the_plan_cannot_hold_is_refused_before_any_write():
+    m = Model()
+    old = {"q": torch.zeros(4, 3), "extra": torch.zeros(2)}
+    new = {"q": torch.ones(4, 3), "extra": torch.zeros(2)}
+    name, payload = _delta(old, new)
+    with pytest.raises(ValueError, match=r"delta sync needs every tensor.*'extra'.*delta=0"):
+        apply.load_flat(m, [(name, payload)])
+    assert not m.qkv.any()  # nothing half-applied
+
+
+def test_routes_names_labkit_payloads_only():
+    assert apply.routes([(apply.PREFIX + "[]", None)]) and apply.routes([(apply.DELTA_PREFIX + "2:1:mask:", None)])
+    assert not apply.routes([("model.norm.weight", None)]) and not apply.routes([])
+
+
+def test_layout_of_reads_names_and_shapes_from_either_payload_name():
+    key, _ = _bucket({"q": torch.zeros(4, 3), "norm": torch.zeros(3)})
+    assert apply.layout_of(key) == [("q", (4, 3)), ("norm", (3,))]
+    assert apply.layout_of(apply.delta_key(key, 4, 15, "index")) == [("q", (4, 3)), ("norm", (3,))]

@@ -92,7 +92,11 @@ class MiMoForCausalLM(_SGLangMiMo):
         return 0 if store is None else len(store)
 
     def load_weights(self, weights):
-        """MTP tensors go into the draft store; everything else to SGLang's loader unchanged (streamed)."""
+        """MTP tensors go into the draft store; everything else to SGLang's loader unchanged (streamed). A
+        labkit payload (the distributed path receives a bucket as one tensor named by its layout) goes to
+        labkit's loader, which copies it by plan (and sends what it cannot map back here)."""
+        if isinstance(weights, list) and apply.routes(weights):
+            return apply.load_flat(self, weights)
         if fp.engine_armed("engine.apply"):  # `labkit faults`: a failure in the middle of an apply
             weights = _with_failpoint(weights)
         return super().load_weights(self._divert_mtp(weights))

@@ -7,7 +7,6 @@ import time
 import torch
 
 from labkit import failpoints as fp
-from labkit.engine.apply import layout_key
 from labkit.engine.config import APPLY_FORMAT
 from labkit.sync import bucket as bk
 from labkit.sync.plan import Bucket
@@ -29,11 +28,16 @@ class Colocated:
        same handle; the call returns once every rank loaded it;
     3. close: read which path applied the tensors (`apply_path`); the engine lets go of the buffers (they are
        the syncer's, reused next sync).
+    With `delta` (labkit.sync.delta), step 2 first encodes the bucket against the copy of what the engine holds
+    and sends the change mask and changed words instead (labkit's loader only).
     """
 
     name = "colocated"
     flattened = True
     port_retries = 0
+
+    def __init__(self, delta=None):
+        self.delta = delta
 
     def open(self, engine, plan) -> None:
         # SGLang is crossed here only. Imported in `open` (timed as setup), not on the first `send`: there it
@@ -47,29 +51,29 @@ class Colocated:
         self.fmt = APPLY_FORMAT if not torch.cuda.is_available() and engine.accepts(APPLY_FORMAT) \
             else "flattened_bucket"
         self.apply_path = "load_weights"
+        if self.delta is not None and self.fmt != APPLY_FORMAT:
+            raise ValueError("delta sync needs labkit's engine-side loader (labkit.engine.apply, a CPU engine "
+                             f"launched by labkit); this engine takes {self.fmt!r}: sync with SyncConfig.delta=0")
 
     def send(self, engine, b: Bucket, tensors=None, flat: torch.Tensor | None = None) -> dict:
         t0 = time.perf_counter()
+        key, encode = bk.layout_key(b), 0.0
+        if self.delta is not None:
+            flat, key = self.delta.encode(b, flat, key)
+            encode, t0 = time.perf_counter() - t0, time.perf_counter()
         fp.hit("transport.send", flat=flat)
         if self.fmt == APPLY_FORMAT:
-            payload = self.serializer.serialize([(_layout_key(b), flat)], output_str=True)
+            payload = self.serializer.serialize([(key, flat)], output_str=True)
         else:
             payload = self.serializer.serialize({"flattened_tensor": flat, "metadata": bk.metadata(b)},
                                                 output_str=True)
         t1 = time.perf_counter()
         # One payload per engine TP rank: each rank opens the same handle and reads its own shard.
         engine.update_weights_from_tensor([payload] * self.engine_tp, load_format=self.fmt, flush_cache=False)
-        return {"transfer": t1 - t0, "load": time.perf_counter() - t1}
+        return {"encode": encode, "transfer": t1 - t0, "load": time.perf_counter() - t1}
 
     def close(self, engine) -> None:
         if self.fmt == APPLY_FORMAT:
             copied, fallback = engine.apply_stats()
             self.apply_path = "copy_plan" if not fallback else "mixed" if copied else "load_weights"
 
-
-def _layout_key(b: Bucket) -> str:
-    entries, offset = [], 0
-    for t in b.tensors:
-        entries.append((t.name, t.dtype, tuple(t.shape), offset, offset + t.nbytes))
-        offset += t.nbytes
-    return layout_key(entries)

@@ -19,6 +19,8 @@ from torch.distributed.distributed_c10d import PrefixStore, _new_process_group_h
 from labkit import failpoints as fp
 from labkit.cluster import runtime
 from labkit.compat import loopback
+from labkit.engine.config import APPLY_FORMAT
+from labkit.sync import bucket as bk
 from labkit.sync.plan import Bucket
 
 PORT_ATTEMPTS = 5
@@ -66,18 +68,28 @@ class Distributed:
        thread (the engine starts receiving) while this thread broadcasts the flat buffer (gloo on CPU, NCCL
        on GPU); returns when the engine answers that it loaded the bucket;
     3. close: `engine.destroy_weights_update_group`, then destroy the process group here (also on failure).
+
+    Into labkit's copy plan: where the engine's model routes labkit payloads (`engine.routes_flat()`: labkit's
+    models on a CPU engine), the bucket is announced as one uint8 tensor named by its layout; SGLang receives
+    it whole and hands it to the model's `load_weights`, which passes it to labkit.engine.apply (no per-tensor
+    loop). With `delta` that one tensor is the delta payload (labkit.sync.delta).
     """
 
     name = "distributed"
     flattened = True
 
-    def __init__(self, group_name: str = "labkit_weight_update", timeout_s: float = 120.0):
-        self.group_name, self.timeout_s, self.pg = group_name, timeout_s, None
-        self.port_retries = 0
+    def __init__(self, group_name: str = "labkit_weight_update", timeout_s: float = 120.0, delta=None):
+        self.group_name, self.timeout_s, self.pg, self.delta = group_name, timeout_s, None, delta
+        self.port_retries, self.flat, self.apply_path = 0, False, "load_weights"
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="labkit-engine")
 
     def open(self, engine, plan) -> None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+        self.flat = not torch.cuda.is_available() and engine.accepts(APPLY_FORMAT) and engine.routes_flat()
+        if self.delta is not None and not self.flat:
+            raise ValueError("delta sync needs labkit's engine-side loader (labkit.engine.apply) behind the "
+                             "engine model's load_weights (labkit's models on a CPU engine): sync with "
+                             "SyncConfig.delta=0")
         addr, world = runtime.node_ip(), 1 + engine.tp_size
         store, port, self.port_retries = bind_store(addr, world, self.timeout_s)
         # Both sides build the group at once: the engine call blocks until the trainer joins.
@@ -88,18 +100,31 @@ class Distributed:
         fut.result(timeout=self.timeout_s)
 
     def send(self, engine, b: Bucket, tensors=None, flat: torch.Tensor | None = None) -> dict:
-        t0 = time.perf_counter()
-        fut = self._pool.submit(engine.update_weights_from_distributed, names=b.names,
-                                dtypes=[t.dtype for t in b.tensors], shapes=[list(t.shape) for t in b.tensors],
+        t0, encode = time.perf_counter(), 0.0
+        if self.flat:
+            key = bk.layout_key(b)
+            if self.delta is not None:
+                flat, key = self.delta.encode(b, flat, key)
+                encode, t0 = time.perf_counter() - t0, time.perf_counter()
+            names, dtypes, shapes = [key], ["uint8"], [[flat.numel()]]
+        else:
+            names, dtypes, shapes = b.names, [t.dtype for t in b.tensors], [list(t.shape) for t in b.tensors]
+        fut = self._pool.submit(engine.update_weights_from_distributed, names=names, dtypes=dtypes, shapes=shapes,
                                 group_name=self.group_name, load_format="flattened_bucket", flush_cache=False)
         fp.hit("transport.send", flat=flat)
         torch.distributed.broadcast(flat, src=0, group=self.pg)
         t1 = time.perf_counter()
         fut.result(timeout=self.timeout_s)
-        return {"transfer": t1 - t0, "load": time.perf_counter() - t1}
+        return {"encode": encode, "transfer": t1 - t0, "load": time.perf_counter() - t1}
 
     def close(self, engine) -> None:
-        if self.pg is not None:
+        if self.pg is None:
+            return
+        try:
+            if self.flat:  # read before the group goes; a failing read must not leave the group behind
+                copied, fallback = engine.apply_stats()
+                self.apply_path = "copy_plan" if not fallback else "mixed" if copied else "load_weights"
+        finally:
             try:
                 engine.destroy_weights_update_group(self.group_name)
             finally:

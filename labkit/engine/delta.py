@@ -1,0 +1,131 @@
+"""The delta codec: a bucket as the words that changed since the engine's copy, both sides of the wire.
+
+After a small RL step most elements of a bf16 engine's weights round to the same value as before (verl PR
+#6974 measured 0.8-2.6 % changed per step; slime's delta doc ~3 %), so a sync can send what changed instead of
+every byte. The unit is a word: the greatest common element size of the bucket's dtypes (2 bytes for a bf16
+engine), so a change is found and applied bitwise, whatever the dtype means.
+
+Two payload encodings, one flat uint8 buffer each; per bucket the smaller one is sent:
+- `mask`: `[1 bit per word, LSB first, padded to whole words][changed words]`; n/8 + 2k bytes for k of n bf16
+  words changed: the smaller one above 1/32 changed (a small model after a 1e-5 step: ~13 %);
+- `index`: `[k indices (int32, int64 for 8-byte words or buckets past 2^31 words)][changed words]`; 6k bytes for
+  bf16, and no mask to build or unpack: the smaller one below 1/32 (real models' 1-3 %).
+A bucket whose payload would not be smaller than itself is sent whole.
+
+Pure torch: the trainer encodes (labkit.sync.delta keeps its copy of what the engine holds), the engine
+decodes into its parameters (labkit.engine.apply); neither side imports the other.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+WORDS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+ENCODINGS = ("mask", "index")
+_BITS = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
+
+
+def word_bytes(itemsizes) -> int:
+    """The largest word every tensor of a bucket is made of (and every offset in it is a multiple of)."""
+    g = 0
+    for s in itemsizes:
+        g = math.gcd(g, int(s))
+    return min(g, 8) if g else 1
+
+
+def mask_bytes(n_words: int, word: int) -> int:
+    """Bytes of the change mask for `n_words` words, padded so the values after it stay word-aligned."""
+    raw = (n_words + 7) // 8
+    return -(-raw // word) * word
+
+
+def index_width(n_words: int, word: int) -> int:
+    """Bytes per index: int32 unless the words are 8 bytes (alignment) or the bucket is past 2^31 words."""
+    return 8 if word == 8 or n_words >= 1 << 31 else 4
+
+
+def payload_bytes(n_words: int, n_changed: int, word: int, encoding: str = "mask") -> int:
+    head = mask_bytes(n_words, word) if encoding == "mask" else n_changed * index_width(n_words, word)
+    return head + n_changed * word
+
+
+def pack_bits(mask: torch.Tensor) -> torch.Tensor:
+    """bool[n] -> uint8[ceil(n / 8)], bit i of byte j is mask[8j + i]."""
+    n = mask.numel()
+    if n % 8:
+        mask = torch.cat([mask, mask.new_zeros(8 - n % 8)])
+    return (mask.view(torch.uint8).view(-1, 8) * _BITS).sum(dim=1, dtype=torch.uint8)
+
+
+def unpack_bits(bits: torch.Tensor, n: int) -> torch.Tensor:
+    """uint8[ceil(n / 8)] -> bool[n] (the inverse of `pack_bits`)."""
+    return (bits.unsqueeze(1) & _BITS).ne(0).view(-1)[:n]
+
+
+def encode(new: torch.Tensor, old: torch.Tensor, word: int, out: torch.Tensor) -> tuple[torch.Tensor, int, str] | None:
+    """Write the words of `new` that differ from `old` into `out` as a payload and bring `old` up to `new`.
+
+    `new`, `old`: uint8 buffers of one bucket (same length, a multiple of `word`). Returns (payload view of `out`,
+    words changed, encoding), or None when no payload would be smaller than `new` itself (send it whole then;
+    `old` is still brought up to date). Bitwise: a NaN or a -0.0 that did not change is not sent. Found through
+    the changed words' indices (`nonzero`): on CPU a boolean `sum` or `masked_select` over 80 M words took 0.7 s
+    and 2 s, the indices 0.15 s.
+    """
+    if new.numel() != old.numel() or new.numel() % word:
+        raise ValueError(f"delta encode: bucket of {new.numel()} bytes against a copy of {old.numel()} "
+                         f"(word {word})")
+    w_new, w_old = new.view(WORDS[word]), old.view(WORDS[word])
+    changed = w_new.ne(w_old)
+    where = changed.nonzero().squeeze(1)
+    n, k = w_new.numel(), where.numel()
+    size, encoding = min((payload_bytes(n, k, word, e), e) for e in ENCODINGS)
+    if size >= new.numel():
+        old.copy_(new)
+        return None
+    if out.numel() < size:
+        raise ValueError(f"delta encode: payload of {size} bytes does not fit a buffer of {out.numel()}")
+    head = size - k * word
+    if encoding == "mask":
+        bits = pack_bits(changed)
+        out[:bits.numel()].copy_(bits)
+        out[bits.numel():head].zero_()
+    else:
+        out[:head].view(WORDS[index_width(n, word)]).copy_(where)
+    torch.index_select(w_new, 0, where, out=out[head:size].view(WORDS[word]))
+    old.copy_(new)
+    return out[:size], k, encoding
+
+
+def decode_into(payload: torch.Tensor, word: int, n_words: int, spans: list[tuple[int, int]],
+                dsts: list[torch.Tensor], encoding: str = "mask") -> int:
+    """Apply a payload to the destinations: `spans[i]` is the byte range of tensor i in the bucket, `dsts[i]`
+    its contiguous destination (any dtype whose bytes are a multiple of `word`). Returns the words written."""
+    where, vals = _parts(payload, word, n_words, encoding)
+    if where.numel() != vals.numel() or (where.numel() and int(where[-1]) >= n_words):
+        raise ValueError(f"delta decode: the payload names {where.numel()} changed words of {n_words}, and "
+                         f"carries {vals.numel()} values")
+    cuts = torch.searchsorted(where, torch.tensor([a // word for a, _ in spans] + [spans[-1][1] // word])).tolist()
+    for i, ((a, _), dst) in enumerate(zip(spans, dsts)):
+        c0, c1 = cuts[i], cuts[i + 1]
+        if c1 > c0:
+            words = dst.view(-1).view(torch.uint8).view(WORDS[word])
+            words.index_copy_(0, where[c0:c1] - a // word, vals[c0:c1])
+    return where.numel()
+
+
+def _parts(payload: torch.Tensor, word: int, n_words: int, encoding: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(changed word indices, int64, ascending; their values) of a payload."""
+    if encoding == "mask":
+        m = mask_bytes(n_words, word)
+        where = unpack_bits(payload[:(n_words + 7) // 8], n_words).nonzero().squeeze(1)
+        return where, payload[m:].view(WORDS[word])
+    if encoding != "index":
+        raise ValueError(f"delta decode: encoding={encoding!r} is invalid: expected one of {', '.join(ENCODINGS)}")
+    iw = index_width(n_words, word)
+    k = payload.numel() // (iw + word)
+    if k * (iw + word) != payload.numel():
+        raise ValueError(f"delta decode: an index payload of {payload.numel()} bytes is not a whole number of "
+                         f"({iw}-byte index, {word}-byte word) pairs")
+    return payload[:k * iw].view(WORDS[iw]).long(), payload[k * iw:].view(WORDS[word])
