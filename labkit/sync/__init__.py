@@ -69,12 +69,16 @@ def stream(named_tensors, engine, cfg: SyncConfig | None = None, weight_version:
     first sync does, and frees its buffers before it returns. Any order is fine: the pairs are reordered so
     that the tensors the engine fuses on load (q/k/v, gate/up) come together, as a model's own export has them
     and as the plan's buckets need (a safetensors file lists names alphabetically). For the same reason
-    `cfg.delta` has nothing to compare with here: every call is an anchor (a full sync).
+    `cfg.delta` is refused: it needs a copy of the engine's weights kept between calls, and this keeps none.
     """
     from labkit.sync.atomic import guard_for
     from labkit.sync.session import Syncer
 
     cfg = cfg or SyncConfig()
+    if cfg.delta:
+        raise ValueError(f"stream(): SyncConfig.delta={cfg.delta} needs a copy of the engine's weights kept between "
+                         "calls, and stream() keeps none (each call plans afresh); use delta=0 here, or "
+                         "labkit.sync.sync() from a trainer, which keeps it")
     expected = _checked_expected(engine, exclude)
     producer = _Local(named_tensors)
     if cfg.atomic:

@@ -12,12 +12,17 @@ anchor (every byte, and a fresh copy):
 - `N` syncs since the last anchor (a full sync bounds how long an undetected drift could last);
 - the engine reports a weight version other than the one the copy was made for: a restarted engine, the
   atomic guard's rollback to older weights, another writer;
-- a sync that failed, or whose verification failed, drops the copy.
+- the last sync's engine applied some tensors through SGLang's `load_weights` (`sync/apply_path` not
+  `copy_plan`: TP > 1, a tensor the model cannot map): a delta cannot reach those, so every sync is full;
+- a sync that failed, or whose verification failed, drops the copy; the copy is trusted again only once a
+  sync commits (between `begin` and `commit` it is already ahead of the engine).
 Verification of a delta sync compares the engine with the trainer's full export (labkit.sync.hooks), not with
 what was sent, so a wrong delta cannot verify.
 Memory: the copy is one engine-dtype model (kept on the trainer's host) plus one payload buffer of a bucket.
-One copy per trainer: a trainer that alternates delta syncs between two engines whose version names coincide
-sends one engine the other's delta; verification fails and the guard restores it (use delta=0 there).
+Version names are what ties the copy to the engine: two writers that name versions alike (two engines synced
+alternately by one trainer, or two Syncers on one rank, e.g. syncs with and without `exclude=`) can make a copy
+look current when it is not. Verification then fails and the guard restores the engine (an unverified sync
+would not notice): use delta=0 there.
 """
 
 from __future__ import annotations
@@ -41,12 +46,14 @@ class DeltaState:
         self.reason = "no copy of the engine's weights"
         self.pool: bk.BufferPool | None = None
         self.words = self.changed = self.wire = 0
+        self.by_plan = True  # the last committed sync was applied by labkit's copy plan throughout
 
     def begin(self, plan: Plan, engine_version: str | None) -> None:
         """Decide whether this sync is an anchor (every byte) or a delta."""
         reasons = [("no copy of the engine's weights", self.version is None), ("new plan", plan is not self.plan),
                    (f"engine at {engine_version!r}, copy of {self.version!r}", engine_version != self.version),
-                   (f"anchor every {self.anchor_every}", self.since_anchor + 1 >= self.anchor_every)]
+                   (f"anchor every {self.anchor_every}", self.since_anchor + 1 >= self.anchor_every),
+                   ("the engine applies some tensors through load_weights", not self.by_plan)]
         self.reason = next((r for r, hit in reasons if hit), "")
         self.anchor = bool(self.reason)
         if plan is not self.plan:
@@ -54,8 +61,11 @@ class DeltaState:
         self.plan = plan
         self.since_anchor = 0 if self.anchor else self.since_anchor + 1
         self.words = self.changed = self.wire = 0
-        normal = max((b.nbytes for b in plan.buckets), default=1)
+        self.version = None  # the copy runs ahead of the engine from the first bucket until `commit`
+        normal = max((b.nbytes for b in plan.buckets if not b.oversize), default=1)
         if not self.anchor and (self.pool is None or self.pool.nbytes < normal):
+            if self.pool is not None:
+                self.pool.close()
             self.pool = bk.BufferPool(normal, shared=self.shared, slots=1)  # send() runs one bucket at a time
 
     def encode(self, b: Bucket, flat, layout: str) -> tuple[object, str]:
@@ -67,7 +77,7 @@ class DeltaState:
         if shadow is None or shadow.numel() != flat.numel():
             self.shadows[b.index] = flat.clone()
             self.changed += n
-        elif self.anchor:
+        elif self.anchor or b.oversize:  # an oversize bucket travels whole: no payload buffer its size is kept
             shadow.copy_(flat)
             self.changed += n
         else:
@@ -80,9 +90,9 @@ class DeltaState:
         self.wire += flat.numel()
         return flat, layout
 
-    def commit(self, version: str) -> None:
+    def commit(self, version: str, apply_path: str = "copy_plan") -> None:
         """The sync landed (verified, or verification was off): the copy is what the engine holds."""
-        self.version = version
+        self.version, self.by_plan = version, apply_path == "copy_plan"
 
     def drop(self) -> None:
         """The sync failed or did not verify: the engine may hold anything; the next sync is an anchor."""

@@ -54,3 +54,13 @@ class PeakRSS:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def extra_at_peak(probe: PeakRSS, held: list, alive: list, device: str) -> int | None:
+    """Host memory a sync held at its peak: the reusable pools resident before it (`held`, counted if still in
+    use: `alive`) + how far the resident size rose until `probe` stops. Pools the sync allocated itself are in
+    the rise (first touched while packing). None on GPU (its buffers are device memory) or without /proc."""
+    rise = probe.stop()
+    if rise is None or device != "cpu":
+        return None
+    return rise + sum(p.allocated_bytes for p in held if any(p is q for q in alive))

@@ -27,7 +27,7 @@ from labkit.sync import bucket as bk
 from labkit.sync import hooks as hk
 from labkit.sync.config import SyncConfig
 from labkit.sync.delta import DeltaState
-from labkit.sync.memory import PeakRSS
+from labkit.sync.memory import PeakRSS, extra_at_peak
 from labkit.sync.plan import Bucket, Plan, check_coverage, excluding, make_plan, metas_of
 from labkit.sync.transport import Transport, make
 
@@ -60,7 +60,8 @@ class _State:
     pending: Future | None = None  # the previous bucket's send, still loading
     pending_b: Bucket | None = None
     rss: PeakRSS | None = None  # resident memory over prepare + stream (labkit.sync.memory)
-    held: int = 0  # reusable buffers already resident when the sync began
+    held: list = field(default_factory=list)  # reusable buffer pools already resident when the sync began
+    measured: int | None = None  # sync/peak_extra_bytes_measured
 
     def timed(self, phase: str, fn, *args):
         t0 = time.perf_counter()
@@ -105,7 +106,7 @@ class Syncer:
             weight_version: str | None = None, exclude: tuple[str, ...] = ()) -> dict:
         """prepare -> open the session -> stream the buckets -> close the session -> hooks' results -> metrics.
         `exclude`: name substrings left out on purpose (they stay unchanged and are reported unverified)."""
-        s = _State(cfg, held=self._held_bytes())
+        s = _State(cfg, held=self._pools())
         s.rss = PeakRSS().start()  # the kernel's high-water mark from here on: what the plan cannot count
         named_iter = self._prepare(s, named_iter, engine, engine_spec, tuple(exclude))  # plan, buffers, transport
         s.version = weight_version or f"v{self.version + 1}"
@@ -113,7 +114,7 @@ class Syncer:
         hooks = hk.for_config(cfg)  # expected checksums or full copies; the rollback copy
         try:
             self._stream(s, iter(named_iter), engine, hooks)  # gather, pack, send (overlapped), hooks
-            s.rss.stop()
+            s.measured = extra_at_peak(s.rss, s.held, self._pools(), s.device)
         except BaseException:
             _abort(s, engine, hooks)  # best effort, never masking the original error
             if s.delta is not None:
@@ -125,11 +126,12 @@ class Syncer:
         for h in hooks:  # verification, then the rollback copy made complete
             result.update(s.timed(h.phase, h.finish, engine, s.version))
         if s.delta is not None:  # a sync that did not verify leaves nothing to compute a delta against
-            s.delta.drop() if result.get("sync/verified") is False else s.delta.commit(s.version)
+            s.delta.drop() if result.get("sync/verified") is False else \
+                s.delta.commit(s.version, getattr(s.transport, "apply_path", "load_weights"))
         return _metrics(s, result)
 
-    def _held_bytes(self) -> int:
-        return sum(p.allocated_bytes for p in (self.pool, self.delta and self.delta.pool) if p is not None)
+    def _pools(self) -> list:
+        return [p for p in (self.pool, self.delta and self.delta.pool) if p is not None]
 
     # --- prepare --------------------------------------------------------------------------------------------
     def _prepare(self, s: _State, named_iter, engine, engine_spec: dict | None, exclude: tuple[str, ...]):
@@ -158,6 +160,9 @@ class Syncer:
             self.plan = None  # a bad plan is not replayed: the next sync lists the export again
             raise
         self._buffers(s)
+        if not cfg.delta and self.delta is not None:  # delta off: its copy of the engine is host memory for nothing
+            self.delta.close()
+            self.delta = None
         if cfg.delta:
             self.delta = self.delta or DeltaState(cfg.delta, shared=s.device == "cpu")
             self.delta.anchor_every, s.delta = cfg.delta, self.delta
@@ -282,8 +287,7 @@ def _metrics(s: _State, result: dict) -> dict:
         "sync/bucket_bytes": plan.bucket_bytes,
         "sync/gbps": round(plan.total_bytes / max(total - s.phases["verify"], 1e-9) / 1e9, 4),
         "sync/peak_extra_bytes": s.peak,
-        # measured: reusable buffers resident before the sync + how far resident memory rose until its last bucket
-        "sync/peak_extra_bytes_measured": None if s.rss.rise is None else s.held + s.rss.rise,
+        "sync/peak_extra_bytes_measured": s.measured,
         "sync/largest_tensor_bytes": plan.largest_tensor_bytes,
         "sync/weight_version": s.version,
         "sync/port_retries": s.transport.port_retries,

@@ -126,4 +126,8 @@ def test_the_trainer_copy_is_trusted_only_while_nothing_else_changed_the_engine(
     assert step(new, "v6", "v7")[1] == "new plan"
     d.drop()
     assert step(new, "v7", "v8")[1] == "no copy of the engine's weights"  # a failed or unverified sync
+    d.begin(new, "v8")
+    assert d.version is None  # mid-sync the copy is ahead of the engine: a failure anywhere leaves it untrusted
+    d.commit("v9", apply_path="mixed")  # some tensors went through load_weights, where a delta cannot reach
+    assert step(new, "v9", "v10")[1] == "the engine applies some tensors through load_weights"
     assert d.metrics()["sync/delta"] == "anchor" and d.metrics()["sync/wire_bytes"] == 192

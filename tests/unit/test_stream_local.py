@@ -34,3 +34,12 @@ def test_local_producer_brings_fused_groups_together_in_first_seen_order():
     assert rec.names[0] == names[0]  # the first input name leads (stable)
     alphabetical = [fused_group(n) for n in names]
     assert len([g for i, g in enumerate(alphabetical) if i == 0 or alphabetical[i - 1] != g]) > len(set(groups))
+
+
+def test_stream_refuses_delta_before_touching_the_engine():
+    import pytest
+
+    from labkit.sync import SyncConfig, stream
+
+    with pytest.raises(ValueError, match=r"stream\(\): SyncConfig.delta=3 needs a copy .* use delta=0"):
+        stream([], None, SyncConfig(delta=3))  # no engine needed: refused first

@@ -81,6 +81,7 @@ class Distributed:
     def __init__(self, group_name: str = "labkit_weight_update", timeout_s: float = 120.0, delta=None):
         self.group_name, self.timeout_s, self.pg, self.delta = group_name, timeout_s, None, delta
         self.port_retries, self.flat, self.apply_path = 0, False, "load_weights"
+        self.landed = True  # every send so far returned: the engine is not stuck in a receive
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="labkit-engine")
 
     def open(self, engine, plan) -> None:
@@ -100,7 +101,7 @@ class Distributed:
         fut.result(timeout=self.timeout_s)
 
     def send(self, engine, b: Bucket, tensors=None, flat: torch.Tensor | None = None) -> dict:
-        t0, encode = time.perf_counter(), 0.0
+        t0, encode, self.landed = time.perf_counter(), 0.0, False
         if self.flat:
             key = bk.layout_key(b)
             if self.delta is not None:
@@ -115,13 +116,16 @@ class Distributed:
         torch.distributed.broadcast(flat, src=0, group=self.pg)
         t1 = time.perf_counter()
         fut.result(timeout=self.timeout_s)
+        self.landed = True
         return {"encode": encode, "transfer": t1 - t0, "load": time.perf_counter() - t1}
 
     def close(self, engine) -> None:
         if self.pg is None:
             return
         try:
-            if self.flat:  # read before the group goes; a failing read must not leave the group behind
+            # Read before the group goes (a failing read must not leave it behind); not after a send that did not
+            # return, where the engine may sit in a receive and the read would wait out another call timeout.
+            if self.flat and self.landed:
                 copied, fallback = engine.apply_stats()
                 self.apply_path = "copy_plan" if not fallback else "mixed" if copied else "load_weights"
         finally:
