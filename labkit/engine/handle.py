@@ -17,6 +17,7 @@ from labkit.engine.config import PAUSE_MODES, EngineConfig
 from labkit.engine.contract import Contract, check_tensors
 from labkit.engine.errors import EngineError, EngineUnreachable, Unsupported
 from labkit.engine.lifecycle import check_model_dir, cpu
+from labkit.engine.loader import LoaderQueries, payload_items
 
 __all__ = ["EngineHandle", "check_model_dir"]
 
@@ -28,7 +29,7 @@ _NO_CPU_MEMORY_RELEASE = (
     "kills the scheduler and leaves the call hanging; labkit refuses it without asking SGLang")
 
 
-class EngineHandle:
+class EngineHandle(LoaderQueries):
     """Use `EngineHandle.start(cfg)` (Ray actor, or connect when cfg.url is set), `.connect(url)`, or
     `.launch(cfg)` (start an HTTP server subprocess this handle owns)."""
 
@@ -81,29 +82,6 @@ class EngineHandle:
     @property
     def tp_size(self) -> int:
         return self._b.tp_size()
-
-    def accepts(self, load_format: str) -> bool:
-        """Whether the engine was launched with `load_format` among its custom weight loaders (asked once)."""
-        if self._loaders is None:
-            self._loaders = tuple(self._b.custom_weight_loaders())
-        return load_format in self._loaders
-
-    def apply_stats(self) -> list[int]:
-        """[tensors labkit's loader copied by plan, tensors it passed to load_weights] since the last call; the
-        loader releases the buffers it kept for this sync (labkit.engine.apply.end_sync)."""
-        from labkit.engine.apply import STATS_NAME
-
-        rows = self._b.get_weights_by_name(STATS_NAME, 1)
-        return [int(v) for v in rows[0]] if rows else [0, 0]
-
-    def routes_flat(self) -> bool:
-        """Whether the engine's model hands labkit payloads in `load_weights` to labkit's loader (labkit's own
-        models answer the loader's stats name; SGLang's answer None). Asked once."""
-        if self._routes is None:
-            from labkit.engine.apply import STATS_NAME
-
-            self._routes = self._b.get_weights_by_name(STATS_NAME, 1) is not None
-        return self._routes
 
     def portable(self, call_timeout_s: float | None = None) -> EngineHandle:
         """A picklable handle to the same engine for another process (e.g. a trainer actor); it owns
@@ -172,11 +150,7 @@ class EngineHandle:
     def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
                                         group_name: str = "weight_update_group", flush_cache: bool = True,
                                         load_format: str | None = None, weight_version: str | None = None) -> str:
-        from labkit.engine import apply  # torch: the layout a labkit payload name carries
-
-        items = [x for n in names for x in apply.layout_of(n)] if apply.routes([(names[0], None)]) \
-            else list(zip(names, shapes))
-        self._check(items, "update_weights_from_distributed")
+        self._check(payload_items(names, shapes), "update_weights_from_distributed")
         return self._control("update_weights_from_distributed", names, dtypes, shapes, group_name, flush_cache,
                              load_format, weight_version)
 

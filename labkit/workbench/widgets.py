@@ -29,17 +29,7 @@ def sync_explorer(wb, transports: tuple[str, ...] | None = None,
     import ipywidgets as W
     from IPython.display import display
 
-    if transports is None:
-        first = SyncConfig().transport
-        transports = (first, *(t for t in choices(SyncConfig, "transport") if t != first))
-    sizes = sorted(sizes_mb)
-    value = min(sizes, key=lambda s: abs(s - value_mb))
-    transport = W.Dropdown(options=list(transports), description="transport")
-    bucket = W.SelectionSlider(options=[(f"{s:g} MiB", s) for s in sizes], value=value, description="bucket",
-                               continuous_update=False)
-    run = W.Button(description="Run sync", button_style="primary", icon="play")
-    status = W.HTML("press <b>Run sync</b>: trainer &rarr; engine with these settings, then verify")
-    out = W.Output()
+    transport, bucket, run, status, out = _controls(transports, sizes_mb, value_mb)
     runs: list[dict] = []
     busy = threading.Lock()
     state = SimpleNamespace(refused=0, worker=None)
@@ -50,9 +40,7 @@ def sync_explorer(wb, transports: tuple[str, ...] | None = None,
             runs.append(m)
             # The figure first, then the status naming the run: "run N" never shows above a figure of N-1 runs.
             out.outputs = (_display_data(viz.sync_phases(runs, title="Sync time per phase (interactive runs)")),)
-            status.value = (f"verified={m['sync/verified']} &middot; total {m['timing/sync/total']:.3f} s &middot; "
-                            f"{m['sync/num_buckets']} buckets &middot; version {m['sync/weight_version']} &middot; "
-                            f"run {len(runs)}")
+            status.value = _status(m, len(runs))
         except Exception as e:  # show the error next to the controls; the kernel and engine keep running
             status.value = f"<span style='color:#c00'>{type(e).__name__}: {e}</span>"
         finally:
@@ -85,6 +73,28 @@ def sync_explorer(wb, transports: tuple[str, ...] | None = None,
     display(ui)
     return SimpleNamespace(ui=ui, runs=runs, transport=transport, bucket=bucket, button=run, status=status,
                            state=state, wait=wait)
+
+
+def _controls(transports: tuple[str, ...] | None, sizes_mb, value_mb: float) -> tuple:
+    """(transport dropdown, bucket slider, Run button, status line, figure output) of the sync explorer."""
+    import ipywidgets as W
+
+    if transports is None:
+        first = SyncConfig().transport
+        transports = (first, *(t for t in choices(SyncConfig, "transport") if t != first))
+    sizes = sorted(sizes_mb)
+    value = min(sizes, key=lambda s: abs(s - value_mb))
+    transport = W.Dropdown(options=list(transports), description="transport")
+    bucket = W.SelectionSlider(options=[(f"{s:g} MiB", s) for s in sizes], value=value, description="bucket",
+                               continuous_update=False)
+    run = W.Button(description="Run sync", button_style="primary", icon="play")
+    status = W.HTML("press <b>Run sync</b>: trainer &rarr; engine with these settings, then verify")
+    return transport, bucket, run, status, W.Output()
+
+
+def _status(m: dict, n: int) -> str:
+    return (f"verified={m['sync/verified']} &middot; total {m['timing/sync/total']:.3f} s &middot; "
+            f"{m['sync/num_buckets']} buckets &middot; version {m['sync/weight_version']} &middot; run {n}")
 
 
 def _display_data(fig) -> dict:

@@ -1,0 +1,45 @@
+"""What the driver side asks of labkit's engine-side loader (labkit.engine.apply runs inside SGLang's scheduler).
+
+Mixed into EngineHandle (labkit.engine.handle): whether the engine lists the loader, what it applied in the last
+sync, whether the model routes labkit payloads, and the tensors a payload name carries (for the contract check
+before a distributed call). The loader module itself imports torch, so it is imported here only when asked.
+"""
+
+from __future__ import annotations
+
+
+class LoaderQueries:
+    """Needs `self._b` (an EngineBackend) and the caches `self._loaders`, `self._routes` (None: not asked yet)."""
+
+    def accepts(self, load_format: str) -> bool:
+        """Whether the engine was launched with `load_format` among its custom weight loaders (asked once)."""
+        if self._loaders is None:
+            self._loaders = tuple(self._b.custom_weight_loaders())
+        return load_format in self._loaders
+
+    def apply_stats(self) -> list[int]:
+        """[tensors labkit's loader copied by plan, tensors it passed to load_weights] since the last call; the
+        loader releases the buffers it kept for this sync (labkit.engine.apply.end_sync)."""
+        from labkit.engine.apply import STATS_NAME
+
+        rows = self._b.get_weights_by_name(STATS_NAME, 1)
+        return [int(v) for v in rows[0]] if rows else [0, 0]
+
+    def routes_flat(self) -> bool:
+        """Whether the engine's model hands labkit payloads in `load_weights` to labkit's loader (labkit's own
+        models answer the loader's stats name; SGLang's answer None). Asked once."""
+        if self._routes is None:
+            from labkit.engine.apply import STATS_NAME
+
+            self._routes = self._b.get_weights_by_name(STATS_NAME, 1) is not None
+        return self._routes
+
+
+def payload_items(names: list[str], shapes: list[list[int]]) -> list[tuple[str, tuple]]:
+    """(name, shape) of what a distributed call carries: the tensors themselves, or those a labkit payload
+    (one uint8 tensor named by its bucket's layout) stands for."""
+    from labkit.engine import apply  # torch
+
+    if names and apply.routes([(names[0], None)]):
+        return [x for n in names for x in apply.layout_of(n)]
+    return [(n, tuple(s)) for n, s in zip(names, shapes)]
