@@ -25,6 +25,11 @@ class LoaderQueries:
         rows = self._b.get_weights_by_name(STATS_NAME, 1)
         return [int(v) for v in rows[0]] if rows else [0, 0]
 
+    def apply_path(self) -> str:
+        """`sync/apply_path` of the sync that just ended (reads and resets `apply_stats`)."""
+        copied, fallback = self.apply_stats()
+        return "copy_plan" if not fallback else "mixed" if copied else "load_weights"
+
     def routes_flat(self) -> bool:
         """Whether the engine's model hands labkit payloads in `load_weights` to labkit's loader (labkit's own
         models answer the loader's stats name; SGLang's answer None). Asked once."""

@@ -74,6 +74,5 @@ class Colocated:
 
     def close(self, engine) -> None:
         if self.fmt == APPLY_FORMAT:
-            copied, fallback = engine.apply_stats()
-            self.apply_path = "copy_plan" if not fallback else "mixed" if copied else "load_weights"
+            self.apply_path = engine.apply_path()
 

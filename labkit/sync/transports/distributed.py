@@ -126,8 +126,7 @@ class Distributed:
             # Read before the group goes (a failing read must not leave it behind); not after a send that did not
             # return, where the engine may sit in a receive and the read would wait out another call timeout.
             if self.flat and self.landed:
-                copied, fallback = engine.apply_stats()
-                self.apply_path = "copy_plan" if not fallback else "mixed" if copied else "load_weights"
+                self.apply_path = engine.apply_path()
         finally:
             try:
                 engine.destroy_weights_update_group(self.group_name)
