@@ -12,6 +12,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from labkit.cluster.placement import PlacementSpec
 from labkit.compat import quiet
 from labkit.config import ParallelSpec, add_arguments, choices
 from labkit.engine.config import EngineConfig
@@ -54,15 +55,23 @@ def cmd_demo(args) -> int:
 
 
 def cmd_sync(args) -> int:
+    from labkit.sync.atomic import SyncFailed
     from labkit.workbench import Workbench
 
     # Validate every flag before anything starts.
     cfg = SyncConfig(transport=args.transport, bucket_mb=args.bucket_mb, memory_budget_mb=args.memory_budget_mb,
                      verify=args.verify, progress=not args.json)
     parallel = ParallelSpec(tp=args.tp, pp=args.pp)
-    with Workbench(args.model, parallel, engine_url=args.engine_url) as wb:
+    where = PlacementSpec(mode=args.placement, trainer_resource=args.trainer_resource,
+                          engine_resource=args.engine_resource)
+    with Workbench(args.model, parallel, engine_url=args.engine_url, placement=where) as wb:
         wb.train(args.steps, progress=not args.json)
-        m = wb.sync(cfg)
+        try:
+            m = wb.sync(cfg)
+        except SyncFailed as e:  # the engine serves its last good weights (or says why not): say it, no traceback
+            print(f"labkit sync: {e}", file=sys.stderr)
+            _emit(e.metrics, args.json)
+            return 1
         g = wb.compare_greedy()
     m.update(g.metrics)
     _emit(m, args.json)
@@ -211,6 +220,7 @@ def _add_main_commands(sub) -> None:
                   flags={"url": "--engine-url"})
     d.add_argument("--steps", type=int, default=3)
     add_arguments(d, ParallelSpec, ("tp", "pp"))
+    add_arguments(d, PlacementSpec, ("mode", "trainer_resource", "engine_resource"), flags={"mode": "--placement"})
     d.add_argument("--json", action="store_true")
     d.set_defaults(fn=cmd_sync)
 

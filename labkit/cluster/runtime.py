@@ -30,6 +30,19 @@ def node_ip() -> str:
     return "127.0.0.1"
 
 
+def here() -> dict:
+    """This process's node as Ray reports it: {"node_id": hex or None outside Ray, "node_ip"}."""
+    node_id = None
+    try:
+        import ray
+
+        if ray.is_initialized():
+            node_id = ray.get_runtime_context().get_node_id()
+    except ImportError:
+        pass
+    return {"node_id": node_id, "node_ip": node_ip()}
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -44,6 +57,10 @@ def init(address: str | None = None, num_cpus: int | None = None) -> dict:
         quiet.install()  # before Ray starts: a local cluster's workers inherit this environment
         address = address or os.environ.get("RAY_ADDRESS") or None
         if address:
+            if loopback.is_loopback(address.rsplit(":", 1)[0]):
+                # A cluster of several nodes on this host (labkit.cluster.local): its nodes live on 127.0.0.1, and
+                # a driver not held to loopback rewrites that to the routable address and never reaches the GCS.
+                loopback.hold_ray_to_loopback()
             ray.init(address=address, logging_level="WARNING")
         else:
             # A local single-user cluster: loopback only, token auth, no token file in $HOME, no dashboard.

@@ -15,7 +15,7 @@ import time
 
 import psutil
 
-from labkit.cluster.runtime import wait_dead
+from labkit.cluster.runtime import here, wait_dead
 from labkit.compat import quiet
 from labkit.compat import sglang as compat
 from labkit.engine.errors import EngineUnreachable
@@ -192,6 +192,9 @@ class EngineActor:
 
     def tp_size(self) -> int:
         return self.cfg.tp
+
+    def node(self) -> dict:
+        return here()
 
     def custom_weight_loaders(self) -> list[str]:
         return list(self.engine.server_args.custom_weight_loader or [])

@@ -25,6 +25,10 @@ class EngineBackend(Protocol):
 
     def tp_size(self) -> int: ...
 
+    def node(self) -> dict:
+        """{"node_id": Ray node id or None, "node_ip"}: where the engine runs."""
+        ...
+
     def custom_weight_loaders(self) -> list[str]:
         """SGLang's `custom_weight_loader` server argument: the load formats beyond SGLang's own it accepts."""
 

@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
@@ -136,6 +137,10 @@ class HttpBackend:
 
     def tp_size(self) -> int:
         return self._tp_size()
+
+    def node(self) -> dict:
+        """No Ray node id for a server: its URL's host stands for where it runs."""
+        return {"node_id": None, "node_ip": urllib.parse.urlsplit(self.url).hostname}
 
     def check_weights(self, action="checksum") -> dict:
         out = self._json("/weights_checker", {"action": action})

@@ -30,6 +30,11 @@ class LoaderQueries:
         copied, fallback = self.apply_stats()
         return "copy_plan" if not fallback else "mixed" if copied else "load_weights"
 
+    def node(self) -> dict:
+        """The engine's node as Ray reports it ({"node_id", "node_ip"}; an HTTP engine: its URL's host, no id):
+        whether a transport that hands over a memory handle can reach it (labkit.cluster.placement.cross_node)."""
+        return self._b.node()
+
     def routes_flat(self) -> bool:
         """Whether the engine's model hands labkit payloads in `load_weights` to labkit's loader (labkit's own
         models answer the loader's stats name; SGLang's answer None). Asked once."""

@@ -29,7 +29,7 @@ from labkit.sync.config import SyncConfig
 from labkit.sync.delta import DeltaState
 from labkit.sync.memory import PeakRSS, extra_at_peak
 from labkit.sync.plan import Bucket, Plan, check_coverage, excluding, make_plan, metas_of
-from labkit.sync.transport import Transport, make
+from labkit.sync.transport import Transport, make, where
 
 PHASES = ("gather", "pack", "encode", "transfer", "load", "verify", "stage", "session", "setup")
 
@@ -62,6 +62,7 @@ class _State:
     rss: PeakRSS | None = None  # resident memory over prepare + stream (labkit.sync.memory)
     held: list = field(default_factory=list)  # reusable buffer pools already resident when the sync began
     measured: int | None = None  # sync/peak_extra_bytes_measured
+    nodes: dict = field(default_factory=dict)  # where trainer and engine run (labkit.sync.transport.where)
 
     def timed(self, phase: str, fn, *args):
         t0 = time.perf_counter()
@@ -137,8 +138,7 @@ class Syncer:
     def _prepare(self, s: _State, named_iter, engine, engine_spec: dict | None, exclude: tuple[str, ...]):
         """Plan (or replay the plan), refuse a sync that would not cover the engine, size the buffers, decide
         full or delta, make the transport."""
-        cfg = s.cfg
-        excluded: list[str] = []
+        cfg, excluded = s.cfg, []
         named_iter = excluding(named_iter, exclude, excluded) if exclude else named_iter
         bucket_bytes = 1 if cfg.transport == "per-tensor" else cfg.bucket_bytes
         # One trainer may sync engines serving different dtypes: a plan is replayed for the same bucket size
@@ -169,6 +169,7 @@ class Syncer:
             s.delta.begin(s.plan, engine.weight_version)
             s.extra = s.peak = s.extra + (s.delta.pool.allocated_bytes if s.delta.pool else 0)
         s.transport = make(cfg.transport, timeout_s=cfg.timeout_s, delta=s.delta)
+        s.nodes = where(s.transport, engine)  # a handle-passing transport across nodes is refused here
         s.release = torch.cuda.is_available() if cfg.release_kv_cache is None else cfg.release_kv_cache
         s.phases["setup"] += time.perf_counter() - t_setup
         return named_iter
@@ -291,9 +292,8 @@ def _metrics(s: _State, result: dict) -> dict:
         "sync/largest_tensor_bytes": plan.largest_tensor_bytes,
         "sync/weight_version": s.version,
         "sync/port_retries": s.transport.port_retries,
-        # copy_plan: labkit's engine-side loader (labkit.engine.apply); load_weights: SGLang's per-tensor loop;
-        # mixed: the loader sent tensors its model could not map to load_weights.
-        "sync/apply_path": getattr(s.transport, "apply_path", "load_weights"),
+        "sync/apply_path": getattr(s.transport, "apply_path", "load_weights"),  # labkit.engine.loader.apply_path
+        **s.nodes,
         **(s.delta.metrics() if s.delta is not None else {"sync/wire_bytes": plan.total_bytes}),
         **result,
     })

@@ -20,13 +20,15 @@ from typing import Protocol
 
 import torch
 
+from labkit.cluster import runtime
+from labkit.cluster.placement import PlacementError, cross_node
 from labkit.sync.config import TRANSPORTS
 from labkit.sync.plan import Bucket, Plan
 from labkit.sync.transports.colocated import Colocated
 from labkit.sync.transports.distributed import PORT_ATTEMPTS, Distributed, bind_store, join_group
 from labkit.sync.transports.per_tensor import PerTensor
 
-__all__ = ["Transport", "make", "PerTensor", "Colocated", "Distributed", "bind_store", "join_group",
+__all__ = ["Transport", "make", "where", "PerTensor", "Colocated", "Distributed", "bind_store", "join_group",
            "PORT_ATTEMPTS"]
 
 
@@ -37,6 +39,7 @@ class Transport(Protocol):
     name: str  # SyncConfig.transport
     flattened: bool  # send() wants the packed flat buffer (else the bucket's exported tensors)
     port_retries: int  # rendezvous ports found taken this sync (metric sync/port_retries)
+    same_node: bool  # hands the engine a memory handle (shared memory, CUDA IPC): trainer and engine share a node
 
     def open(self, engine, plan: Plan) -> None: ...
 
@@ -59,3 +62,20 @@ def make(name: str, timeout_s: float = 120.0, delta=None) -> Transport:
     if name == "distributed":
         return Distributed(timeout_s=timeout_s, delta=delta)
     raise ValueError(f"transport={name!r} is invalid: expected one of {', '.join(TRANSPORTS)}")
+
+
+def where(transport: Transport, engine) -> dict:
+    """Where this trainer rank and the engine run, as Ray reports them (metrics sync/trainer_node, sync/engine_node,
+    sync/cross_node); a transport that hands the engine a memory handle is refused across nodes here, before the
+    session opens (on the engine's node the handle names a shared-memory file that is not there)."""
+    mine, theirs = runtime.here(), engine.node()
+    cross = cross_node(mine, theirs)
+    if cross and transport.same_node:
+        raise PlacementError(f"transport={transport.name!r} hands the engine a shared-memory handle, so trainer "
+                             f"and engine must share a node; the trainer rank runs on node {_name(mine)} and the "
+                             f"engine on node {_name(theirs)}: use transport='distributed'")
+    return {"sync/trainer_node": _name(mine), "sync/engine_node": _name(theirs), "sync/cross_node": cross}
+
+
+def _name(node: dict) -> str:
+    return f"{node.get('node_ip')}/{(node.get('node_id') or '-')[:8]}"

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from labkit.cluster import runtime
-from labkit.cluster.placement import Placement, layout
+from labkit.cluster.placement import Placement, PlacementSpec, layout
 from labkit.config import ParallelSpec, TrainConfig, check
 from labkit.engine import EngineConfig, EngineHandle
 from labkit.models.tiny import default_model_dir
@@ -106,8 +106,10 @@ def rollout(engine, task: Task, n: int = 8, *, seed: int = 0, temperature: float
 class Workbench:
     def __init__(self, model_dir: str | None = None, parallel: ParallelSpec | None = None, *,
                  train_cfg: TrainConfig | None = None, engine_cfg=None, task: Task | None = None,
-                 placement: str = "colocated", engine_url: str | None = None, progress: bool = True):
+                 placement: str | PlacementSpec = "colocated", engine_url: str | None = None,
+                 progress: bool = True):
         """`train_cfg` configures the trainer (default FINETUNE; `wb.train` is the method that trains),
+        `placement` where trainer and engine run (a mode, or a PlacementSpec pinning each to nodes),
         `engine_cfg` the engine (`wb.engine` is the running handle); `task` supplies problems, reward and
         batches (default arithmetic). `progress`: a bar naming the part starting (a minute on 2 cores)."""
         self.task = task if task is not None else ArithTask()
@@ -128,16 +130,17 @@ class Workbench:
         self.steps = 0
         self.timings = {"timing/startup": round(time.perf_counter() - t0, 2)}
 
-    def _start(self, train_cfg: TrainConfig, engine_cfg, placement: str, engine_url: str | None,
+    def _start(self, train_cfg: TrainConfig, engine_cfg, placement: str | PlacementSpec, engine_url: str | None,
                progress: bool) -> None:
+        spec = placement if isinstance(placement, PlacementSpec) else PlacementSpec(mode=placement)
         bar = tqdm(total=3, desc="start", unit="part", disable=not progress, postfix="ray",
                    bar_format="{desc}: {n}/{total} [{elapsed}{postfix}]")
         runtime.init()
         bar.update()
         bar.set_postfix_str("trainer")
         # Colocated: a trainer rank and the engine share a bundle (2 logical CPUs: one actor each).
-        cpus = 2.0 if placement == "colocated" else 1.0
-        self.placement = Placement(layout(placement, self.parallel.world_size, 1, cpus_per_bundle=cpus))
+        cpus = 2.0 if spec.mode == "colocated" else 1.0
+        self.placement = Placement(layout(spec, self.parallel.world_size, 1, cpus_per_bundle=cpus))
         self.trainer = Trainer(self.model_dir, self.parallel, train_cfg, placement=self.placement)
         bar.update()
         bar.set_postfix_str("engine")

@@ -61,6 +61,11 @@ class Recorder:
     def get_weights_by_name(self, name):
         return self.weights[name]
 
+    def node(self):  # in this process, like a colocated engine
+        return {"node_id": self.node_id, "node_ip": "127.0.0.1"}
+
+    node_id = None
+
     def __getattr__(self, name):  # begin/end_weight_update, flush_cache, set_weight_version, ...
         return lambda *a, **k: self.calls.append(name)
 
@@ -152,3 +157,22 @@ def test_verify_none_needs_unsafe_skip_verify_under_the_atomic_guard():
     SyncConfig(verify="none", atomic=False)  # the bare transport (benchmarks) verifies nothing by design
     with pytest.raises(ValueError, match="unsafe_skip_verify='yes'"):
         SyncConfig(unsafe_skip_verify="yes")
+
+
+def test_a_handle_passing_sync_to_an_engine_on_another_node_is_refused_before_the_session(monkeypatch):
+    """Colocated and per-tensor hand the engine a shared-memory handle: across Ray nodes the engine would open a file
+    that is not there. Refused while preparing (no engine call made), naming both nodes."""
+    from labkit.cluster import runtime
+    from labkit.cluster.placement import PlacementError
+
+    monkeypatch.setattr(runtime, "here", lambda: {"node_id": "a" * 56, "node_ip": "127.0.0.1"})
+    for transport in ("colocated", "per-tensor"):
+        engine = Recorder()
+        engine.node_id = "b" * 56
+        with pytest.raises(PlacementError, match=f"transport='{transport}'.*127.0.0.1/aaaaaaaa.*127.0.0.1/bbbbbbbb"):
+            Syncer().run(_export(), engine, SyncConfig(**{**CFG, "transport": transport}), _spec(DTYPE))
+        assert engine.calls == []
+        engine.node_id = "a" * 56  # the same node: it goes through and says where it ran
+        m = Syncer().run(_export(), engine, SyncConfig(**{**CFG, "transport": transport}), _spec(DTYPE))
+        assert m["sync/verified"] is True and m["sync/cross_node"] is False
+        assert m["sync/trainer_node"] == m["sync/engine_node"] == "127.0.0.1/aaaaaaaa"

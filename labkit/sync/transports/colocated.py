@@ -35,6 +35,7 @@ class Colocated:
     name = "colocated"
     flattened = True
     port_retries = 0
+    same_node = True
 
     def __init__(self, delta=None):
         self.delta = delta

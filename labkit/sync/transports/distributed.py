@@ -77,6 +77,7 @@ class Distributed:
 
     name = "distributed"
     flattened = True
+    same_node = False
 
     def __init__(self, group_name: str = "labkit_weight_update", timeout_s: float = 120.0, delta=None):
         self.group_name, self.timeout_s, self.pg, self.delta = group_name, timeout_s, None, delta

@@ -22,6 +22,7 @@ class PerTensor:
     name = "per-tensor"
     flattened = False
     port_retries = 0
+    same_node = True
 
     def open(self, engine, plan) -> None:
         pass

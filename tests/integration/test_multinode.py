@@ -1,0 +1,83 @@
+"""Trainer and engine on different Ray nodes (issue 18): a cluster of several raylets on this host
+(labkit.cluster.local: all on 127.0.0.1, token auth, each node with its own custom resource), reached the way a
+user reaches a real cluster, through RAY_ADDRESS, by the `labkit sync` command line.
+
+The cluster runs in its own process (the test session's own local Ray keeps running beside it); each command
+is a fresh driver process that attaches to it.
+"""
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from labkit.compat import loopback
+from tests.integration.test_loopback import _join
+
+pytestmark = pytest.mark.integration
+
+PINS = ["--placement", "disaggregated", "--trainer-resource", "trainer", "--engine-resource", "engine"]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Two nodes: `trainer` (head) and `engine`. Yields the environment a driver needs to attach."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "RAY_ADDRESS"))}
+    env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    proc = subprocess.Popen([sys.executable, "-m", "labkit.cluster.local", "--node", "trainer=4", "--node",
+                             "engine=4"], env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        line = proc.stdout.readline()  # blocks until the nodes are up (or the launcher died: "")
+        assert line.startswith("RAY_ADDRESS="), f"launcher said {line!r}, exit {proc.poll()}"
+        yield env | {"RAY_ADDRESS": line.strip().split("=", 1)[1]}, proc
+    finally:
+        tree = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        gone, alive = psutil.wait_procs(tree, timeout=30)
+        for p in alive:
+            p.kill()
+        assert not alive, f"the launcher left {[p.name() for p in alive]} running"
+
+
+def _labkit(env: dict, *args: str, timeout: int = 420) -> tuple[subprocess.CompletedProcess, dict]:
+    r = subprocess.run([sys.executable, "-m", "labkit.cli", *args, "--steps", "1", "--json"], env=env,
+                       capture_output=True, text=True, timeout=timeout)
+    lines = [x for x in r.stdout.splitlines() if x.startswith("{")]
+    return r, json.loads(lines[-1]) if lines else {}
+
+
+def test_the_nodes_listen_on_loopback_and_want_the_token(cluster):
+    env, proc = cluster
+    found = loopback.listeners(proc.pid)  # the launcher and every node's processes
+    assert len({x["pid"] for x in found}) >= 4 and not loopback.exposed(found), found
+    address = env["RAY_ADDRESS"]
+    assert "JOINED" in _join(address, env).stdout
+    stranger = {k: v for k, v in env.items() if not k.startswith("RAY_AUTH")}
+    assert "JOINED" not in _join(address, stranger).stdout
+
+
+def test_a_distributed_sync_crosses_nodes_and_verifies(cluster):
+    """Trainer pinned to one node, engine to the other; the rendezvous is the trainer node's address as Ray
+    reports it. Verified bitwise, and the engine then answers greedy prompts as the trainer does."""
+    r, m = _labkit(cluster[0], "sync", "--transport", "distributed", *PINS)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert m["sync/verified"] is True and m["rollout/greedy_match"] is True
+    assert m["sync/cross_node"] is True and m["sync/trainer_node"] != m["sync/engine_node"], m
+
+
+def test_a_colocated_sync_across_nodes_is_refused_before_anything_moves(cluster):
+    """Colocated hands the engine a shared-memory handle, which names a file on the trainer's node: refused while
+    the sync prepares (no bucket sent), and the engine serves what it served before."""
+    r, m = _labkit(cluster[0], "sync", "--transport", "colocated", *PINS)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "must share a node" in r.stderr and "use transport='distributed'" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert m["sync/restored"] is True and m["sync/modified_before_restore"] is False, m
+    assert m["sync/weight_version"] == "default"
+    assert "PlacementError" in m["sync/error"]
