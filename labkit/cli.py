@@ -292,6 +292,8 @@ def _add_tool_commands(sub) -> None:
     d.add_argument("--check", action="store_true", help="change nothing; exit 1 if a table is stale")
     d.set_defaults(fn=cmd_report)
 
+    sub.add_parser("roofline", add_help=False,
+                   help="what a sync would cost on GPUs: transport bounds, published systems (--json --out F)")
     sub.add_parser("notebook", add_help=False,
                    help="notebooks headless (papermill): run NAME [-p KEY VALUE]... | sweep NAME -p KEY v1,v2,... | list | check")
 
@@ -310,6 +312,10 @@ def main(argv: list[str] | None = None) -> int:
         from labkit.workbench import notebook
 
         return notebook.main(argv[1:])
+    if argv[:1] == ["roofline"]:  # its own parser: flags from the roofline's Scenario and Layout
+        from labkit.workbench import roofline_nb
+
+        return roofline_nb.main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.verbose:  # before anything starts: the actors and their children read it (labkit.compat.quiet)
         os.environ[quiet.VERBOSE_ENV] = "1"

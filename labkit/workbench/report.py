@@ -10,6 +10,8 @@ import json
 import re
 from pathlib import Path
 
+from labkit.sync.roofline import fmt_seconds as _secs
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -95,8 +97,51 @@ def delta_table(run: dict) -> list[str]:
     return lines
 
 
+def roofline_table(run: dict) -> list[str]:
+    """Published syncs beside the bound of the transport each used (labkit.sync.roofline_published)."""
+    head = ["system", "model", "hardware", "mode", "published", "bytes per sync", "bound of its transport",
+            "fraction of its limit", "source"]
+    lines, notes = [_row(head), _row(["---"] * len(head))], []
+    for i, r in enumerate(run["roofline/published"], start=1):
+        moved = "not published" if r["bytes"] is None else f"{r['bytes'] / 1e9:.1f} GB {r['weights']}"
+        limit = r["bound"] if r["bound_s"] is None else f"{_secs(r['bound_s'])} ({r['transport']})"
+        cells = [f"{r['system']} [{i}]", r["model"], r["hardware"], r["mode"], r["published"], moved, limit,
+                 f"{r['fraction_of_limit']:.2%}", r["source"]]
+        lines.append(_row([str(c).replace("|", "\\|") for c in cells]))  # a pipe would split the cell
+        notes.append(f"- [{i}] {r['assumption']}; bound = {r['bound']}.")
+    return lines + [""] + notes
+
+
+def roofline_models_table(run: dict) -> list[str]:
+    """The shipped real configs: size, tensor count, and each transport's bound at the reference layout."""
+    ref = run["roofline/reference"]
+    head = ["model", "parameters (MTP)", "tensors (expert)", "bf16 / FP8 GB", "GPUs (engine TP)", "colocated",
+            "NVLink broadcast", "single-NIC RDMA broadcast", "all-ranks P2P",
+            f"predicted colocated, {ref['bucket_mb']:g} MiB buckets"]
+    lines = [_row(head), _row(["---"] * len(head))]
+    for m in run["roofline/models"]:
+        lines.append(_row([m["label"], f"{m['params'] / 1e9:.2f} B ({m['mtp_params'] / 1e9:.2f} B)",
+                           f"{m['tensors']:,} ({m['expert_tensors']:,})",
+                           f"{m['bf16_bytes'] / 1e9:.1f} / {m['fp8_bytes'] / 1e9:.1f}",
+                           f"{m['layout']['engine_gpus']} ({m['layout']['engine_tp']})",
+                           *(_secs(m[f"bound_s/{t}"]) for t in ("colocated", "nvlink-broadcast", "rdma-broadcast",
+                                                                 "rdma-p2p")),
+                           f"{_secs(m['predicted_s/colocated'])} ({m['buckets']:,} buckets)"]))
+    over = run["roofline/overheads"]
+    note = (f"{ref['weights']} on {ref['hardware']}, MTP layers included. GPUs: the fewest (a power of two, at "
+            f"least 8) whose HBM holds the trainer's state ({ref['trainer_bytes_per_param']} bytes per parameter) in "
+            "80 % of it, trainer and engine colocated; engine TP: the fewest holding the weights in half their HBM "
+            "(each GPU copies its 1/TP; P2P delivers one copy per replica). NVLink broadcast: as if every receiver "
+            "shared the sender's NVLink domain (beyond a node, a floor). Predicted = bound + buckets × "
+            f"{over['per_bucket_s'] * 1e3:.2f} ms + tensors × {over['per_tensor_s'] * 1e3:.3f} ms: "
+            f"{over['measured_on']} ({over['derivation']}).")
+    return lines + ["", note]
+
+
 TABLES = {"faults": ("faults_cpu.json", faults_table), "serve-sync": ("bench_serve_sync_cpu.json", serve_table),
-          "bench-sync": ("bench_sync_cpu.json", bench_table), "bench-delta": ("bench_delta_cpu.json", delta_table)}
+          "bench-sync": ("bench_sync_cpu.json", bench_table), "bench-delta": ("bench_delta_cpu.json", delta_table),
+          "roofline": ("roofline_published.json", roofline_table),
+          "roofline-models": ("roofline_published.json", roofline_models_table)}
 
 
 def render(name: str, data_dir: Path) -> str:

@@ -21,6 +21,7 @@ QUICK = {
     "03_acceptance_rate": {"QUICK": True, "ARMS": "trained"},
     "04_bucket_tuning": {"MODEL": "tiny", "MIN_MB": 0.0625, "MAX_MB": 0.5, "MEMORY_BUDGET_MB": 1.0, "REPEATS": 1, "MAX_TRIALS": 2,
                          "STEPS": 0},
+    "05_sync_roofline": {"MODEL": "moonlight-16b-a3b", "HARDWARE": "H20"},
 }
 
 
@@ -94,6 +95,20 @@ def test_04_bucket_sweep_and_autotune(out_root):
     assert _has_plotly(nb) and (d / "bucket_sweep.html").exists() and (d / "sync_phases_by_bucket.html").exists()
 
 
+def test_05_roofline_writes_its_tables_and_figure(out_root):
+    """No Ray, trainer or engine: counts and spec sheets only. The tables are data (JSON) and the figure is stored."""
+    m = _run("05_sync_roofline", out_root)
+    assert m["roofline/model"] == "moonlight-16b-a3b" and 15e9 < m["roofline/params"] < 17e9
+    bounds = [m[f"roofline/bound_s/{t}"] for t in ("colocated", "nvlink-broadcast", "rdma-broadcast")]
+    assert 0 < bounds[0] < bounds[1] < bounds[2], bounds  # HBM copy < NVLink < one NIC
+    assert all(m[f"roofline/predicted_s/{t}"] >= m[f"roofline/bound_s/{t}"] for t in ("colocated", "rdma-p2p"))
+    rows = m["roofline/published"]
+    assert len(rows) >= 5 and all(r["source"] and 0 < r["fraction_of_limit"] <= 1 for r in rows), rows
+    d, nb = _outputs(m, "05_sync_roofline")
+    assert _has_plotly(nb) and (d / "bucket_whatif.html").exists()
+    assert json.loads((d / "published_systems.json").read_text()) and (d / "transport_bounds.json").exists()
+
+
 @pytest.mark.parametrize("name,params,needle", [
     ("01_weight_update", {"STPES": 2}, "unknown parameter 'STPES' (did you mean 'STEPS'?)"),
     ("01_weight_update", {"BUCKET_MB": "big"}, "BUCKET_MB='big' is invalid: expected a number"),
@@ -101,6 +116,7 @@ def test_04_bucket_sweep_and_autotune(out_root):
     ("04_bucket_tuning", {"MEMORY_BUDGET_MB": -1}, "MEMORY_BUDGET_MB=-1 is invalid"),
     ("04_bucket_tuning", {"MODEL": "huge"}, "MODEL='huge' is invalid: expected one of 'tiny', 'quick', 'bench'"),
     ("02_rollout", {"TRANSPORT": "carrier-pigeon"}, "TRANSPORT='carrier-pigeon' is invalid: expected one of"),
+    ("05_sync_roofline", {"HARDWARE": "A100"}, "HARDWARE='A100' is invalid: expected one of"),
 ])
 def test_bad_parameter_fails_at_the_validation_cell(name, params, needle, out_root):
     with pytest.raises(notebook.NotebookError) as e:

@@ -14,8 +14,8 @@ from labkit.workbench import nb, notebook, viz
 NAMES = notebook.names()
 
 
-def test_four_notebooks_are_paired_and_stripped():
-    assert NAMES == ["01_weight_update", "02_rollout", "03_acceptance_rate", "04_bucket_tuning"]
+def test_notebooks_are_paired_and_stripped():
+    assert NAMES == ["01_weight_update", "02_rollout", "03_acceptance_rate", "04_bucket_tuning", "05_sync_roofline"]
     assert notebook.check_pairs() == []
 
 
