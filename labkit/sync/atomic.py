@@ -72,10 +72,13 @@ def guard_for(engine) -> Guard:
 class Guard:
     """One per engine handle: the last good copy and the sync protocol around it."""
 
-    def __init__(self, engine, root: str | None = None):
+    def __init__(self, engine, root: str | None = None, store: lastgood.Store | None = None):
+        """`store`: a last good copy shared with other guards (engines synced together, labkit.sync.fanout); its
+        owner closes it."""
         # A weak reference: the table above is keyed by the engine, and a value holding its key would keep
         # every handle (and its host copy) alive for good.
-        self._engine, self.store, self.synced = weakref.ref(engine), lastgood.Store(root), 0
+        self._engine, self.synced, self._owns = weakref.ref(engine), 0, store is None
+        self.store = lastgood.Store(root) if store is None else store
         self.modified = False  # the last restore found the engine's weights changed by the failed sync
 
     @property
@@ -86,7 +89,8 @@ class Guard:
         return engine
 
     def close(self) -> None:
-        self.store.close()
+        if self._owns:
+            self.store.close()
         engine = self._engine()
         if engine is not None and _GUARDS.get(engine) is self:
             del _GUARDS[engine]

@@ -129,7 +129,7 @@ class Syncer:
         if s.delta is not None:  # a sync that did not verify leaves nothing to compute a delta against
             s.delta.drop() if result.get("sync/verified") is False else \
                 s.delta.commit(s.version, getattr(s.transport, "apply_path", "load_weights"))
-        return _metrics(s, result)
+        return _metrics(s, result) | (engine.fanout_metrics() if hasattr(type(engine), "fanout_metrics") else {})
 
     def _pools(self) -> list:
         return [p for p in (self.pool, self.delta and self.delta.pool) if p is not None]

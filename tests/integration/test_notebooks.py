@@ -98,7 +98,7 @@ def test_04_bucket_sweep_and_autotune(out_root):
 def test_05_roofline_writes_its_tables_and_figure(out_root):
     """No Ray, trainer or engine: counts and spec sheets only. The tables are data (JSON) and the figure is stored."""
     m = _run("05_sync_roofline", out_root)
-    assert m["roofline/model"] == "moonlight-16b-a3b" and 15e9 < m["roofline/params"] < 17e9
+    assert m["roofline/model"] == "Moonlight-16B-A3B" and 15e9 < m["roofline/params"] < 17e9
     bounds = [m[f"roofline/bound_s/{t}"] for t in ("colocated", "nvlink-broadcast", "rdma-broadcast")]
     assert 0 < bounds[0] < bounds[1] < bounds[2], bounds  # HBM copy < NVLink < one NIC
     assert all(m[f"roofline/predicted_s/{t}"] >= m[f"roofline/bound_s/{t}"] for t in ("colocated", "rdma-p2p"))

@@ -1,0 +1,68 @@
+"""labkit.sync.fanout.EngineGroup: every call reaches every member; one weight-update group with each engine's
+TP ranks at their own offsets; the first member's answer (or error, once all ended)."""
+
+import pickle
+
+import pytest
+
+from labkit.sync.fanout import EngineGroup, Replicas
+
+
+class Member:
+    def __init__(self, tp=1, node="n1", fail=False):
+        self.tp_size, self._node, self.fail, self.calls = tp, node, fail, []
+
+    def init_weights_update_group(self, **kw):
+        self.calls.append(("init", kw))
+        return "joined"
+
+    def end_weight_update(self):
+        self.calls.append(("end", {}))
+        if self.fail:
+            raise RuntimeError("engine gone")
+        return "ok"
+
+    def node(self):
+        return {"node_id": self._node, "node_ip": "127.0.0.1"}
+
+    def checksums(self):
+        self.calls.append(("checksums", {}))
+        return {"w": "h"}
+
+
+def test_one_group_gives_each_engine_its_ranks():
+    a, b, c = Member(tp=1), Member(tp=2), Member(tp=1)
+    g = EngineGroup([a, b, c], ids=[0, 2, 3])
+    assert g.tp_size == 4
+    g.init_weights_update_group(master_address="127.0.0.1", master_port=1, rank_offset=1, world_size=5,
+                                group_name="g", backend="gloo")
+    assert [m.calls[0][1]["rank_offset"] for m in (a, b, c)] == [1, 2, 4]  # trainer is rank 0
+    assert all(m.calls[0][1]["world_size"] == 5 for m in (a, b, c))
+    assert set(g.fanout_metrics()) == {"timing/sync/engine/0/calls", "timing/sync/engine/2/calls",
+                                       "timing/sync/engine/3/calls"}
+
+
+def test_a_failing_member_fails_the_call_but_every_member_got_it():
+    a, b = Member(), Member(fail=True)
+    g = EngineGroup([a, b])
+    with pytest.raises(RuntimeError, match="engine gone"):
+        g.end_weight_update()
+    assert a.calls == [("end", {})] and b.calls == [("end", {})]  # the live one still closed its session
+
+
+def test_checksums_are_read_from_the_first_member_only_and_the_group_pickles():
+    a, b = Member(), Member(node="n2")
+    g = EngineGroup([a, b])
+    assert g.checksums() == {"w": "h"} and b.calls == []
+    assert g.node()["node_id"] == "several"  # a same-node transport is refused against it (sync.transport.where)
+    assert pickle.loads(pickle.dumps(g)).tp_size == 2
+    with pytest.raises(ValueError, match="delta"):
+        g.weight_version
+
+
+def test_replicas_want_distinct_engines():
+    m = Member()
+    with pytest.raises(ValueError, match="distinct"):
+        Replicas([m, m])
+    with pytest.raises(ValueError, match="engines=\\[\\]"):
+        Replicas([])
