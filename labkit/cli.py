@@ -63,7 +63,7 @@ def cmd_sync(args) -> int:
                      verify=args.verify, progress=not args.json)
     parallel = ParallelSpec(tp=args.tp, pp=args.pp)
     where = PlacementSpec(mode=args.placement, trainer_resource=args.trainer_resource,
-                          engine_resource=args.engine_resource)
+                          engine_resource=args.engine_resource, engines=args.engines)
     with Workbench(args.model, parallel, engine_url=args.engine_url, placement=where) as wb:
         wb.train(args.steps, progress=not args.json)
         try:
@@ -220,7 +220,8 @@ def _add_main_commands(sub) -> None:
                   flags={"url": "--engine-url"})
     d.add_argument("--steps", type=int, default=3)
     add_arguments(d, ParallelSpec, ("tp", "pp"))
-    add_arguments(d, PlacementSpec, ("mode", "trainer_resource", "engine_resource"), flags={"mode": "--placement"})
+    add_arguments(d, PlacementSpec, ("mode", "trainer_resource", "engine_resource", "engines"),
+                  flags={"mode": "--placement"})
     d.add_argument("--json", action="store_true")
     d.set_defaults(fn=cmd_sync)
 

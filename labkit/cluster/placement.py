@@ -36,9 +36,13 @@ class PlacementSpec:
     """A custom Ray node resource that pins the trainer ranks to the nodes offering it (empty: any node)."""
     engine_resource: str = ""
     """A custom Ray node resource that pins the engines to the nodes offering it (empty: any node)."""
+    engines: int = 1
+    """Rollout engines, synced together in one weight version (labkit.sync.fanout)."""
 
     def __post_init__(self) -> None:
         check_choice(self, "mode", "placement")
+        check(isinstance(self.engines, int) and not isinstance(self.engines, bool) and self.engines >= 1, "engines",
+              self.engines, "an integer >= 1")
         for name in ("trainer_resource", "engine_resource"):
             v = getattr(self, name)
             check(isinstance(v, str) and v == v.strip() and v not in ("CPU", "GPU", "memory"), name, v,

@@ -143,40 +143,57 @@ class Replicas:
         return m
 
     def _once(self, producer, cfg, spec: dict, version: str) -> dict:
-        live, dtype = self.live, spec.get("dtype", "float32")
-        before, v_before = self._prepare(live, spec, dtype)
-        staging = self.store.staging()
+        dtype = spec.get("dtype", "float32")
+        before, v_before = self._prepare(spec, dtype, cfg)
+        live, staging = self.live, self.store.staging()
         for i in live:
             self.engines[i].pause_generation(cfg.pause_mode)
         group = EngineGroup([self.engines[i].portable(call_timeout_s=cfg.timeout_s) for i in live], ids=live)
         try:
-            m = producer.sync(Syncer(), group, replace(cfg, stage_dir=staging), spec, version, deadline_s=cfg.deadline_s)
+            m = producer.sync(Syncer(), group, replace(cfg, stage_dir=staging), spec, version,
+                              deadline_s=cfg.deadline_s)
             if m.get("sync/verified") is False:
                 raise EngineError(f"verification failed on engine {live[0]}: {m['verify/mismatched'][:3]}")
         except BaseException as e:
             self.store.discard(staging)
             self._recover(live, before, v_before, dtype, cfg)
+            if isinstance(e, ValueError):  # refused before a byte moved (bad input, placement): no retry helps
+                raise SyncFailed(f"sync to {version!r} refused: {error_line(e)}; the engines serve {v_before!r}",
+                                 {"sync/restored": True, "sync/error": error_line(e), "sync/weight_version": v_before,
+                                  "sync/engines_fenced": sorted(self.fenced)}) from None
             raise _Attempt(f"{error_line(e)} (engines {live}; fenced now: {sorted(self.fenced)})") from e
         after = m.pop(ENGINE_CHECKSUMS, None) or self.engines[live[0]].checksums()
         self.store.promote(staging, version, after, dtype)
         for i in live:  # each engine's own checksums, not only the one the Syncer verified
             t1, ok = time.perf_counter(), self._matches(i, after)
             if not ok:  # landed wrong: push the new version from the host copy (the guard restores to it)
-                self._restore(i, after, version, dtype, cfg)
+                try:
+                    self._restore(i, after, version, dtype, cfg)
+                except BaseException:  # left paused by its guard: fenced until revived
+                    self.fenced.add(i)
             m[f"sync/engine/{i}/verified"] = ok
             m[f"timing/sync/engine/{i}/verify"] = round(time.perf_counter() - t1, 6)
-            self.engines[i].continue_generation()
+            if i not in self.fenced:
+                self.engines[i].continue_generation()
         return m
 
-    def _prepare(self, live: list[int], spec: dict, dtype: str) -> tuple[dict, str]:
-        """The last good copy all live engines serve (made from engine `live[0]` the first time); an engine that
-        serves something else is brought to it first."""
-        first = self.engines[live[0]]
-        before, v_before = first.checksums(), first.weight_version
-        self.guards[live[0]]._ensure_last_good(before, v_before, dtype, spec)
-        for i in live[1:]:
-            if not self._matches(i, before):
-                self.guards[i].restore(before, v_before, dtype, 60.0)
+    def _prepare(self, spec: dict, dtype: str, cfg) -> tuple[dict, str]:
+        """What the first engine that answers serves becomes the last good copy (kept from the last sync, or
+        made from it); another engine that serves something else is brought to it; one that cannot be is fenced."""
+        before = v_before = None
+        for i in self.live:
+            try:
+                if before is None:
+                    before, v_before = self.engines[i].checksums(), self.engines[i].weight_version
+                    self.guards[i]._ensure_last_good(before, v_before, dtype, spec)
+                elif not self._matches(i, before):
+                    self._restore(i, before, v_before, dtype, cfg)
+            except EngineError:
+                if v_before is None or i == min(self.live):
+                    before = v_before = None
+                self.fenced.add(i)
+        if before is None:
+            raise _Attempt(f"no engine answers (fenced: {sorted(self.fenced)})")
         return before, v_before
 
     def _matches(self, i: int, checksums: dict) -> bool:

@@ -16,6 +16,7 @@ True
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -114,11 +115,14 @@ class Workbench:
         batches (default arithmetic). `progress`: a bar naming the part starting (a minute on 2 cores)."""
         self.task = task if task is not None else ArithTask()
         check_task(self.task)  # a wrong task object fails here, before Ray, the trainer or the engine start
+        if engine_url and isinstance(placement, PlacementSpec) and placement.engines != 1:
+            raise ValueError(f"engines={placement.engines} is invalid with engine_url: a URL names one engine")
 
         t0 = time.perf_counter()
         self.model_dir = model_dir or default_model_dir()
         self.parallel = parallel or ParallelSpec()
-        self.placement = self.trainer = self.engine = None
+        self.placement = self.trainer = self.engine = self.replicas = None
+        self.engines: list = []
         try:
             self._start(train_cfg or FINETUNE, engine_cfg, placement, engine_url, progress)
         except BaseException:  # a half-built workbench must not leave its trainer or placement group running
@@ -140,7 +144,7 @@ class Workbench:
         bar.set_postfix_str("trainer")
         # Colocated: a trainer rank and the engine share a bundle (2 logical CPUs: one actor each).
         cpus = 2.0 if spec.mode == "colocated" else 1.0
-        self.placement = Placement(layout(spec, self.parallel.world_size, 1, cpus_per_bundle=cpus))
+        self.placement = Placement(layout(spec, self.parallel.world_size, spec.engines, cpus_per_bundle=cpus))
         self.trainer = Trainer(self.model_dir, self.parallel, train_cfg, placement=self.placement)
         bar.update()
         bar.set_postfix_str("engine")
@@ -148,8 +152,20 @@ class Workbench:
                                          mem_fraction_static=0.05)
         if engine_url:
             cfg = replace(cfg, url=engine_url)
-        self.engine = EngineHandle.start(cfg, scheduling_strategy=None if engine_url else
-                                         self.placement.strategy("engine:0"))
+        # Several engines start side by side (a model load each); every one that started is kept, so that close()
+        # stops it even when another one failed.
+        with ThreadPoolExecutor(spec.engines, thread_name_prefix="labkit-start") as pool:
+            starts = [pool.submit(EngineHandle.start, cfg, None if engine_url else self.placement.strategy(
+                f"engine:{i}")) for i in range(spec.engines)]
+        self.engines = [f.result() for f in starts if f.exception() is None]
+        self.engine = self.engines[0] if len(self.engines) == spec.engines else None
+        for f in starts:
+            if f.exception() is not None:
+                raise f.exception()
+        if spec.engines > 1:  # synced together: one broadcast, each verified, a failed one fenced
+            from labkit.sync.fanout import Replicas  # crosses torch (the guard's host copy)
+
+            self.replicas = Replicas(self.engines)
         bar.update()
         bar.set_postfix_str("ready")
         bar.close()
@@ -168,7 +184,12 @@ class Workbench:
     def sync(self, cfg: SyncConfig | None = None, weight_version: str | None = None,
              exclude: tuple[str, ...] = ()) -> dict:
         """labkit.sync.sync into this engine; `exclude` leaves out tensors whose names contain any of the given
-        substrings (they keep their weights and are listed in `sync/unverified`)."""
+        substrings (they keep their weights and are listed in `sync/unverified`). Several engines
+        (`PlacementSpec.engines`): one version into all of them (labkit.sync.fanout.Replicas)."""
+        if self.replicas is not None:
+            if exclude:
+                raise ValueError(f"exclude={exclude!r}: several engines take whole versions only")
+            return self.replicas.sync(self.trainer, cfg or SyncConfig(), weight_version)
         return sync(self.trainer, self.engine, cfg or SyncConfig(), weight_version, exclude=exclude)
 
     def rollout(self, n: int = 8, temperature: float = 1.0, seed: int = 0,
@@ -194,18 +215,23 @@ class Workbench:
                         "rollout/weight_version": outs[0]["meta_info"].get("weight_version")})
 
     def close(self) -> None:
-        """Stop the engine (its shutdown also drops the last-good host copy, `Guard.close`), the trainer (which
+        """Stop the engines (each shutdown also drops its last-good host copy, `Guard.close`), the trainer (which
         frees its shared-memory sync buffers before its actors die) and the placement. Every part is closed
         even if an earlier one raises, so nothing a run mapped outlives it (/dev/shm is RAM). Idempotent."""
         errors = []
-        for obj in ("engine", "trainer"):
-            x = getattr(self, obj, None)
+        if getattr(self, "replicas", None) is not None:
+            self.replicas.close()
+            self.replicas = None
+        engines, one = list(getattr(self, "engines", None) or []), getattr(self, "engine", None)
+        parts = engines + ([one] if one is not None and all(one is not e for e in engines) else [])
+        self.engine, self.engines = None, []
+        for x in [*parts, getattr(self, "trainer", None)]:
             if x is not None:
-                setattr(self, obj, None)
                 try:
                     x.shutdown()
                 except Exception as e:  # go on: the other parts still hold memory and processes
                     errors.append(e)
+        self.trainer = None
         if getattr(self, "placement", None) is not None:
             self.placement.remove()
             self.placement = None

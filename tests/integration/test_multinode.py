@@ -62,22 +62,29 @@ def test_the_nodes_listen_on_loopback_and_want_the_token(cluster):
     assert "JOINED" not in _join(address, stranger).stdout
 
 
-def test_a_distributed_sync_crosses_nodes_and_verifies(cluster):
-    """Trainer pinned to one node, engine to the other; the rendezvous is the trainer node's address as Ray
-    reports it. Verified bitwise, and the engine then answers greedy prompts as the trainer does."""
-    r, m = _labkit(cluster[0], "sync", "--transport", "distributed", *PINS)
+def test_one_broadcast_reaches_two_engines_on_another_node_and_both_verify(cluster):
+    """Trainer pinned to one node, two engines to the other (`labkit sync --engines 2`); the rendezvous is the
+    trainer node's address as Ray reports it. One weight-update group of both engines, each verified bitwise;
+    the engine then answers greedy prompts as the trainer does."""
+    r, m = _labkit(cluster[0], "sync", "--transport", "distributed", "--engines", "2", *PINS)
     assert r.returncode == 0, r.stderr[-3000:]
     assert m["sync/verified"] is True and m["rollout/greedy_match"] is True
+    assert m["sync/engines_synced"] == [0, 1] and m["sync/engine/0/verified"] and m["sync/engine/1/verified"], m
+    assert m["timing/sync/engine/0/calls"] > 0 and m["timing/sync/engine/1/calls"] > 0
     assert m["sync/cross_node"] is True and m["sync/trainer_node"] != m["sync/engine_node"], m
 
 
-def test_a_colocated_sync_across_nodes_is_refused_before_anything_moves(cluster):
-    """Colocated hands the engine a shared-memory handle, which names a file on the trainer's node: refused while
-    the sync prepares (no bucket sent), and the engine serves what it served before."""
-    r, m = _labkit(cluster[0], "sync", "--transport", "colocated", *PINS)
-    assert r.returncode == 1, r.stderr[-3000:]
-    assert "must share a node" in r.stderr and "use transport='distributed'" in r.stderr
-    assert "Traceback" not in r.stderr
-    assert m["sync/restored"] is True and m["sync/modified_before_restore"] is False, m
-    assert m["sync/weight_version"] == "default"
-    assert "PlacementError" in m["sync/error"]
+def test_colocated_is_refused_across_nodes_and_a_dead_engine_is_fenced_while_the_other_lands(cluster):
+    """One driver (tests/integration/multinode_driver.py): a colocated sync across nodes is refused before a byte
+    moves, both engines unchanged; then engine 1's scheduler exits mid-sync: it is fenced, engine 0 is restored,
+    retried, and serves the new version, token for token what the trainer says."""
+    r = subprocess.run([sys.executable, "-m", "tests.integration.multinode_driver"], env=cluster[0],
+                       capture_output=True, text=True, timeout=420)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert "refused" in out["colocated"] and "must share a node" in out["colocated"], out["colocated"]
+    assert out["unchanged_after_refusal"] is True and out["versions_after_refusal"] == ["default", "default"]
+    m = out["crash"]
+    assert m["sync/engines_synced"] == [0] and m["sync/engines_fenced"] == [1] and m["sync/attempts"] == 2, m
+    assert m["sync/verified"] is True and m["sync/engine/0/verified"] is True and len(m["sync/errors"]) == 1
+    assert out["live_version"] == "r2" and out["greedy_after_crash"] is True

@@ -25,12 +25,16 @@ def test_node_pins_go_into_every_bundle_of_their_side():
     c = layout(PlacementSpec(trainer_resource="box", engine_resource="box"), 2, 1, cpus_per_bundle=2.0)
     assert c.bundles == ({"CPU": 2.0, "box": PIN}, {"CPU": 2.0, "box": PIN})
     assert layout(PlacementSpec(), 1, 1) == layout("colocated", 1, 1)  # no pins: as before
+    two = layout(PlacementSpec(mode="disaggregated", engines=2, engine_resource="engine"), 1, 2)
+    assert [b.get("engine") for b in two.bundles] == [None, PIN, PIN] and two.assign["engine:1"] == 2
 
 
 @pytest.mark.parametrize("kw,match", [
     (dict(mode="spread"), "placement='spread'"),
     (dict(trainer_resource="CPU"), "trainer_resource='CPU'"),
     (dict(engine_resource=" engine"), "engine_resource=' engine'"),
+    (dict(engines=0), "engines=0"),
+    (dict(engines=True), "engines=True"),
 ])
 def test_bad_placement_specs_are_named(kw, match):
     with pytest.raises(ValueError, match=match):
