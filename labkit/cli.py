@@ -136,7 +136,8 @@ def cmd_mtp_experiment(args) -> int:
     arms = tuple(a.strip() for a in args.arms.split(",")) if args.arms else None
     cfg = ex.with_overrides(base, steps=args.steps, arms=arms, k=args.k, spec_temperature=args.temperature,
                             eval_prompts=args.eval_prompts, seed=args.seed, prompts=args.prompts, group=args.group,
-                            lr=args.lr, mtp_lr_mult=args.mtp_lr_mult, mtp_target=args.mtp_target)
+                            lr=args.lr, mtp_lr_mult=args.mtp_lr_mult, mtp_target=args.mtp_target,
+                            mtp_clip=args.mtp_clip)
     out = ex.run(cfg, model_dir=args.model, progress=not args.json)
     _write(out if args.history else out["metrics"], args.out)
     _emit(out["metrics"], args.json)
@@ -268,7 +269,8 @@ def _add_research_commands(sub) -> None:
     d.add_argument("--eval-prompts", type=int, default=None)
     d.add_argument("--prompts", type=int, default=None, help="prompts per RL step")
     d.add_argument("--group", type=int, default=None, help="samples per prompt (GRPO group)")
-    add_arguments(d, type(rl_train_config()), ("lr", "mtp_lr_mult", "mtp_target"), base=rl_train_config(), keep=True)
+    add_arguments(d, type(rl_train_config()), ("lr", "mtp_lr_mult", "mtp_target", "mtp_clip"), base=rl_train_config(),
+                  keep=True)
     d.add_argument("--seed", type=int, default=None)
     d.add_argument("--model", default=None, help="HF model directory (default: data/tiny-mimo)")
     d.add_argument("--quick", action="store_true", help="a few seconds per step (tests)")

@@ -22,6 +22,7 @@ from typing import Literal
 
 Optimizer = Literal["adam", "sgd"]
 MtpTarget = Literal["tokens", "policy"]
+MtpClip = Literal["own", "global"]
 
 
 def check(ok: bool, name: str, value: object, allowed: str) -> None:
@@ -199,6 +200,8 @@ class TrainConfig:
     """Decoupled weight decay."""
     clip_grad: float = 1.0
     """Gradient-norm clip."""
+    mtp_clip: MtpClip = "own"
+    """own: trunk and MTP layers clipped by separate norms (a draft cannot shrink the policy's step); global: one."""
     adam_beta2: float = 0.999
     """Adam's beta2 (pretraining uses 0.98)."""
     mtp_loss_scale: float = 0.1
@@ -217,7 +220,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check(isinstance(self.lr, (int, float)) and 0 < self.lr < 1, "lr", self.lr, "a float in (0, 1)")
         check_choice(self, "optimizer")
-        check(isinstance(self.weight_decay, (int, float)) and self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
+        check(isinstance(self.weight_decay, (int, float)) and self.weight_decay >= 0, "weight_decay", self.weight_decay,
+              ">= 0")
         check(isinstance(self.clip_grad, (int, float)) and self.clip_grad > 0, "clip_grad", self.clip_grad, "> 0")
         check(isinstance(self.adam_beta2, float) and 0 < self.adam_beta2 < 1, "adam_beta2", self.adam_beta2,
               "a float in (0, 1)")
@@ -227,6 +231,7 @@ class TrainConfig:
         check(isinstance(self.mtp_lr_mult, (int, float)) and self.mtp_lr_mult > 0, "mtp_lr_mult", self.mtp_lr_mult,
               "> 0")
         check_choice(self, "mtp_target")
+        check_choice(self, "mtp_clip")
         check(self.mtp_target == "tokens" or self.mtp_detach, "mtp_target", self.mtp_target,
               "tokens unless mtp_detach=True (the policy target must not train the trunk towards the draft)")
         _int("micro_batches", self.micro_batches)

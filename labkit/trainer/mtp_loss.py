@@ -13,8 +13,9 @@ matches the main head's whole distribution at t+d, already in the same forward. 
 gradient has the same expectation as the sampled CE with less noise, and it is the quantity speculative
 acceptance (1 - TV(p, q)) rewards directly.
 
-Left alone: Megatron clips the global grad norm over all parameters, so a large MTP gradient can still shrink
-the policy's update through the clip coefficient (upstream gives MTP its own norm group, PR #4116).
+Megatron clips one global grad norm over all parameters, so a large MTP gradient could still shrink the policy's
+update through the clip coefficient; labkit.trainer.clip gives the MTP layers their own norm group
+(TrainConfig.mtp_clip="own", as upstream PR #4116 does).
 
 Why this lives in trainer/ (not injected from mtp/): every function here is a hook on, or a read of, the Megatron
 GPTModel that `TrainerRank` builds and steps (its MTP block, output layer, shared embedding), switched by the

@@ -20,6 +20,7 @@ from labkit.compat import megatron as compat
 from labkit.config import ParallelSpec, TrainConfig
 from labkit.models.hf import load_hf_config
 from labkit.trainer import bridge as fixes  # called as fixes.export_unique: tests swap it inside the actor
+from labkit.trainer.clip import clip_by_group
 from labkit.trainer.mtp_loss import capture_mtp, detach_trunk, freeze_mtp, policy_kl
 
 
@@ -88,9 +89,9 @@ class TrainerRank:
         bridge.load_weights(models, model_dir)
         frozen = sum(freeze_mtp(m) for m in models) if self.train_cfg.mtp_loss_scale == 0 else 0
         self.hooks = [h for m in models for h in detach_trunk(m)] if self.train_cfg.mtp_detach else []
-        cfg = OptimizerConfig(optimizer=self.train_cfg.optimizer, lr=self.train_cfg.lr, weight_decay=self.train_cfg.weight_decay,
-                              clip_grad=self.train_cfg.clip_grad, adam_beta2=self.train_cfg.adam_beta2,
-                              bf16=dtype is torch.bfloat16,
+        tc = self.train_cfg  # mtp_clip="own": labkit clips trunk and MTP apart (trainer.clip), Megatron not at all
+        cfg = OptimizerConfig(optimizer=tc.optimizer, lr=tc.lr, weight_decay=tc.weight_decay, adam_beta2=tc.adam_beta2,
+                              clip_grad=0.0 if tc.mtp_clip == "own" else tc.clip_grad, bf16=dtype is torch.bfloat16,
                               params_dtype=dtype, use_distributed_optimizer=False)
         overrides = None
         if self.train_cfg.mtp_lr_mult != 1.0:
@@ -140,7 +141,8 @@ class TrainerRank:
                                       if self.train_cfg.mtp_target == "policy" else 0.0),
             data_iterator=iter(micro), model=self.models, num_microbatches=n_micro,
             seq_length=tokens.shape[1], micro_batch_size=micro[0]["tokens"].shape[0], forward_only=False)
-        with compat.optimizer_scope():
+        with compat.optimizer_scope():  # Megatron's norm and step, on CPU too
+            norms = clip_by_group(self.models, self.train_cfg.clip_grad) if self.train_cfg.mtp_clip == "own" else {}
             ok, grad_norm, _ = self.optimizer.step()
         mtp = MTPLossLoggingHelper.tracker.get("values")
         mtp_loss = float(mtp.sum()) / n_micro if mtp is not None else float("nan")
@@ -149,8 +151,8 @@ class TrainerRank:
         if not self._is_output_rank:
             return None
         loss = sum(float(o["lm loss"]) for o in out)
-        m = {"train/loss": loss, "mtp/loss": mtp_loss, "train/grad_norm": float(grad_norm or 0.0),
-             "train/update_ok": bool(ok)}
+        m = {"train/loss": loss, "mtp/loss": mtp_loss, "train/grad_norm": norms.get("trunk", float(grad_norm or 0.0)),
+             "train/update_ok": bool(ok), **({"mtp/grad_norm": norms["mtp"]} if norms else {})}
         if out and "mtp kl" in out[0]:
             m["mtp/kl"] = sum(float(o["mtp kl"]) for o in out) / len(out)
         return m

@@ -70,7 +70,9 @@ def pretrain(out_dir: str | Path = DEFAULT_DIR, spec: ModelSpec | None = None, s
     data_seed = 10_000 + seed * 1_000_003
     with tempfile.TemporaryDirectory() as tmp:
         init = make_tiny_mimo(Path(tmp) / "init", spec)
-        trainer = Trainer(str(init), ParallelSpec(), TrainConfig(lr=lr, mtp_loss_scale=1.0, adam_beta2=0.98, seed=seed))
+        # One clip norm over trunk and MTP (Megatron's), the recipe data/tiny-mimo was made with: bit for bit.
+        trainer = Trainer(str(init), ParallelSpec(), TrainConfig(lr=lr, mtp_loss_scale=1.0, adam_beta2=0.98, seed=seed,
+                                                                 mtp_clip="global"))
         try:
             m1 = _train(trainer, steps, lr, warmup, noise, batch_size, data_seed, "pretrain", progress)
             out = save_weights_as(init, Path(tmp) / "stage1", trainer.export())
@@ -79,7 +81,7 @@ def pretrain(out_dir: str | Path = DEFAULT_DIR, spec: ModelSpec | None = None, s
         m2 = {}
         if post_steps:
             trainer = Trainer(str(out), ParallelSpec(), TrainConfig(lr=post_lr, mtp_loss_scale=0.0, adam_beta2=0.98,
-                                                                    seed=seed + 1))
+                                                                    seed=seed + 1, mtp_clip="global"))
             try:
                 m2 = _train(trainer, post_steps, post_lr, 20, post_noise, batch_size, 50_000 + seed * 1_000_003,
                             "post-train (trunk only)", progress)

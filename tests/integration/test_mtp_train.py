@@ -99,3 +99,37 @@ def test_mtp_lr_mult_scales_only_the_draft_step(model_dir):
     draft = max(v for n, v in step.items() if ".mtp_layers." in n)
     trunk = max(v for n, v in step.items() if ".mtp_layers." not in n)
     assert draft == pytest.approx(4e-3, rel=0.05) and trunk == pytest.approx(1e-3, rel=0.05)
+
+
+@functools.cache
+def _trunk_after_rl_steps(model_dir: str, mtp_scale: float, clip: str):
+    """Three RL-weighted steps on the same batches with a clip that engages every step; the trunk's exported
+    tensors (everything but the draft's own layers) and the step metrics."""
+    from labkit.trainer.group import Trainer
+
+    trainer = Trainer(model_dir, ParallelSpec(), TrainConfig(lr=1e-3, mtp_loss_scale=mtp_scale, mtp_detach=True,
+                                                             mtp_clip=clip, clip_grad=0.05))
+    try:
+        adv = torch.tensor([1.0, -0.5] * 4)
+        steps = [trainer.train_step(*arith.batch(arith.problems(8, seed=20 + s)), weights=adv) for s in range(3)]
+        trunk = {n: t for n, t in trainer.export() if ".mtp_layers." not in n}
+    finally:
+        trainer.shutdown()
+    return trunk, steps
+
+
+def test_a_training_draft_leaves_the_trunk_bitwise_where_a_frozen_one_does(model_dir):
+    """The frozen and trained arms of the MTP experiment, on identical batches: with the MTP layers clipped by their
+    own norm (mtp_clip="own", the default) the trunk is bitwise the same after every step."""
+    frozen, f_steps = _trunk_after_rl_steps(model_dir, 0.0, "own")
+    trained, t_steps = _trunk_after_rl_steps(model_dir, 1.0, "own")
+    assert all(m["train/grad_norm"] > 0.05 for m in f_steps + t_steps)  # the clip engaged on every step
+    assert all(m["mtp/grad_norm"] > 0.0 for m in t_steps) and all(m["mtp/grad_norm"] == 0.0 for m in f_steps)
+    assert frozen.keys() == trained.keys() and all(torch.equal(frozen[n], trained[n]) for n in frozen)
+
+
+def test_with_one_clip_norm_the_training_draft_moves_the_trunk(model_dir):
+    # The control: Megatron's one global norm lets the draft's gradient change the trunk's clip coefficient.
+    frozen, _ = _trunk_after_rl_steps(model_dir, 0.0, "own")  # = "global": a frozen draft adds nothing to the norm
+    shared, _ = _trunk_after_rl_steps(model_dir, 1.0, "global")
+    assert any(not torch.equal(frozen[n], shared[n]) for n in frozen)
