@@ -36,7 +36,7 @@ def _grad(p: torch.nn.Parameter):
 @torch.no_grad()
 def clip_by_group(models, clip_grad: float) -> dict[str, float]:
     """Clip trunk and MTP gradients by their own norms, in place; {"trunk": norm, "mtp": norm} before clipping
-    (0.0 for a group with no trainable parameters, e.g. the frozen MTP layers)."""
+    (0.0 for a group with no trainable parameters, e.g. the frozen MTP layers). A collective: every rank calls it."""
     from megatron.core import parallel_state as ps
     from megatron.core.optimizer.clip_grads import get_grad_norm_fp32
     from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
@@ -47,8 +47,9 @@ def clip_by_group(models, clip_grad: float) -> dict[str, float]:
         grads = [g for g in (_grad(p) for p in params) if g is not None]
         counted = [_grad(p) for p in params if _grad(p) is not None and param_is_not_shared(p)
                    and param_is_not_tensor_parallel_duplicate(p)]
-        norm = float(get_grad_norm_fp32(counted, grad_stats_parallel_group=ps.get_model_parallel_group())) \
-            if params else 0.0
+        # Every rank takes part in the norm's all-reduce, also one whose stage holds none of the group (with PP the
+        # MTP layers live on the last stage only; a first stage that skipped it left the last one waiting).
+        norm = float(get_grad_norm_fp32(counted, grad_stats_parallel_group=ps.get_model_parallel_group()))
         coeff = clip_grad / (norm + 1.0e-6)
         if coeff < 1.0:
             for g in grads:
