@@ -59,10 +59,6 @@ class EngineGroup:
         return lambda *a, **k: self._all(method, *a, **k)[0]
 
     @property
-    def cfg(self):
-        return self.members[0].cfg
-
-    @property
     def tp_size(self) -> int:
         return sum(m.tp_size for m in self.members)
 
