@@ -68,7 +68,10 @@ def init(address: str | None = None, num_cpus: int | None = None) -> dict:
             os.environ.setdefault("RAY_DEDUP_LOGS", "1")
             # Logical CPUs: trainer ranks and engines are mostly idle between calls; 2 physical cores must
             # still host a TP=2 trainer and an engine side by side.
-            kw = dict(num_cpus=num_cpus or max(8, os.cpu_count() or 1), include_dashboard=False,
+            # address="local": without it Ray attaches to the last `ray start` cluster named in
+            # /tmp/ray/ray_current_cluster, and when that one was killed (a crashed `labkit.cluster.local`) every
+            # later run failed ("When connecting to an existing cluster, num_cpus ... must not be provided").
+            kw = dict(address="local", num_cpus=num_cpus or max(8, os.cpu_count() or 1), include_dashboard=False,
                       _node_ip_address="127.0.0.1", logging_level="WARNING", log_to_driver=True)
             for attempt in range(START_ATTEMPTS):
                 try:

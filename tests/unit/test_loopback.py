@@ -51,3 +51,31 @@ def test_listen_refuses_a_taken_port():
     with pytest.raises(OSError):
         loopback.listen("127.0.0.1", s.getsockname()[1])
     s.close()
+
+
+def test_a_local_start_never_attaches_to_a_stale_ray_start_cluster(monkeypatch):
+    """Without RAY_ADDRESS, `ray.init()` attaches to the cluster named in /tmp/ray/ray_current_cluster; after a
+    killed `labkit.cluster.local` that one is dead, and every later run failed ("When connecting to an existing
+    cluster, num_cpus ... must not be provided"). labkit's local start asks Ray for a new local instance."""
+    import ray
+
+    from labkit.cluster import runtime
+
+    seen = {}
+
+    class Started(Exception):
+        pass
+
+    def fake_init(**kw):
+        seen.update(kw)
+        raise Started
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", fake_init)
+    monkeypatch.setattr(runtime, "local_security", lambda: {})
+    try:
+        runtime.init()
+    except (Started, RuntimeError):
+        pass
+    assert seen.get("address") == "local" and seen.get("_node_ip_address") == "127.0.0.1", seen
