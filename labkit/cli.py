@@ -6,28 +6,18 @@ runs, so `labkit --help` and a refused flag load no torch, Ray or SGLang."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shlex
 import sys
 from pathlib import Path
 
+from labkit.cli_io import COMMAND, emit, write_run
+from labkit.cli_research import add_research_commands
 from labkit.cluster.placement import PlacementSpec
 from labkit.compat import quiet
 from labkit.config import ParallelSpec, add_arguments, choices
 from labkit.engine.config import EngineConfig
-from labkit.mtp.experiment import ExperimentConfig
-from labkit.mtp.rl import rl_train_config
 from labkit.sync.config import SyncConfig
 from labkit.workbench.serve_sync import ServeBenchConfig
-
-
-def _emit(metrics: dict, as_json: bool) -> None:
-    if as_json:
-        print(json.dumps(metrics, default=str), flush=True)
-    else:
-        for k, v in metrics.items():
-            print(f"{k:<32} {v}")
 
 
 def cmd_doctor(args) -> int:
@@ -37,7 +27,7 @@ def cmd_doctor(args) -> int:
     if not args.json:
         print(doctor.format_text(r))
     else:
-        _emit(r, True)
+        emit(r, True)
     return 0
 
 
@@ -47,7 +37,7 @@ def cmd_demo(args) -> int:
     m = demo.run(workdir=args.workdir, steps=args.steps, tp=args.tp, pp=args.pp, model_dir=args.model)
     code, failed = demo.verdict(m)
     m["demo/failed_checks"] = failed
-    _emit(m, args.json)
+    emit(m, args.json)
     for f in failed:  # a demo whose checks fail must not look like a passing one (exit 0)
         print(f"labkit demo: check failed: {f}", file=sys.stderr)
     print(demo.summary(m, failed), file=sys.stderr if args.json else sys.stdout)
@@ -70,11 +60,11 @@ def cmd_sync(args) -> int:
             m = wb.sync(cfg)
         except SyncFailed as e:  # the engine serves its last good weights (or says why not): say it, no traceback
             print(f"labkit sync: {e}", file=sys.stderr)
-            _emit(e.metrics, args.json)
+            emit(e.metrics, args.json)
             return 1
         g = wb.compare_greedy()
     m.update(g.metrics)
-    _emit(m, args.json)
+    emit(m, args.json)
     return 0 if m["sync/verified"] is not False else 1
 
 
@@ -82,7 +72,7 @@ def cmd_pretrain(args) -> int:
     from labkit.models.tiny import DEFAULT_DIR
     from labkit.workbench.pretrain import pretrain
 
-    _emit(pretrain(args.out or DEFAULT_DIR, steps=args.steps, noise=args.noise, post_steps=args.post_steps,
+    emit(pretrain(args.out or DEFAULT_DIR, steps=args.steps, noise=args.noise, post_steps=args.post_steps,
                    progress=not args.json), args.json)
     return 0
 
@@ -99,8 +89,8 @@ def cmd_bench(args) -> int:
         out = bench_delta(spec, bucket_mb=args.bucket_mb, syncs=args.reps, progress=not args.json)
     else:
         out = bench.bench_sync(spec, bucket_mb=args.bucket_mb, reps=args.reps, progress=not args.json)
-    _write(out, args.out)
-    _emit(out, args.json)
+    write_run(out, args.out)
+    emit(out, args.json)
     return 0
 
 
@@ -112,8 +102,8 @@ def cmd_serve_sync(args) -> int:
     modes = tuple(m.strip() for m in args.modes.split(",")) if args.modes else default
     cfg = sb.ServeBenchConfig(modes=modes, syncs=args.syncs, max_requests=args.max_requests, backend=args.backend)
     out = sb.run(cfg, model_dir=args.model, progress=not args.json)
-    _write(out, args.out)
-    _emit(out, args.json)
+    write_run(out, args.out)
+    emit(out, args.json)
     return 0 if out["serve/ok"] else 1
 
 
@@ -123,41 +113,9 @@ def cmd_tune(args) -> int:
     spec = bench.QUICK_SPEC if args.quick else bench.BENCH_SPEC
     out = bench.tune(spec, transport=args.transport, lo_mb=args.lo_mb, hi_mb=args.hi_mb,
                      memory_budget_mb=args.memory_budget_mb, max_trials=args.max_trials, progress=not args.json)
-    _write(out, args.out)
-    _emit(out, args.json)
+    write_run(out, args.out)
+    emit(out, args.json)
     return 0
-
-
-def cmd_mtp_experiment(args) -> int:
-    from labkit.mtp import experiment as ex
-
-    # Validate every flag before anything starts.
-    base = ex.ExperimentConfig.quick() if args.quick else ex.ExperimentConfig()
-    arms = tuple(a.strip() for a in args.arms.split(",")) if args.arms else None
-    cfg = ex.with_overrides(base, steps=args.steps, arms=arms, k=args.k, spec_temperature=args.temperature,
-                            eval_prompts=args.eval_prompts, seed=args.seed, prompts=args.prompts, group=args.group,
-                            lr=args.lr, mtp_lr_mult=args.mtp_lr_mult, mtp_target=args.mtp_target,
-                            mtp_clip=args.mtp_clip)
-    out = ex.run(cfg, model_dir=args.model, progress=not args.json)
-    _write(out if args.history else out["metrics"], args.out)
-    _emit(out["metrics"], args.json)
-    return 0
-
-
-def cmd_faults(args) -> int:
-    from labkit.workbench import fault_harness, faults
-
-    # Validate every flag before anything starts (FaultsConfig names the bad value).
-    default = faults.FaultsConfig()
-    trials = args.trials if args.trials is not None else (len(faults.QUICK_KINDS) if args.quick else default.trials)
-    cfg = faults.FaultsConfig(trials=trials, seed=args.seed, quick=args.quick)
-    out = fault_harness.run(cfg)
-    if not args.rows:
-        out.pop("faults/rows", None)
-    _write(out, args.out)
-    _emit(out, args.json)
-    ok = out["faults/half_updated"] == 0 and out["faults/recovered"] == out["faults/trials"]
-    return 0 if ok and out["faults/served_mid_sync"] == 0 else 1
 
 
 def cmd_report(args) -> int:
@@ -166,17 +124,6 @@ def cmd_report(args) -> int:
     stale = report.update(check=args.check)
     print(f"README tables {'stale' if args.check else 'rebuilt'}: {', '.join(stale) or 'none'}")
     return 1 if args.check and stale else 0
-
-
-_COMMAND: list[str] = []  # this invocation's argv: a stored run says what made it
-
-
-def _write(metrics: dict, path: str | None) -> None:
-    """`--out PATH`: the run as JSON, led by the command that made it (stored runs under data/ are quoted)."""
-    if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        record = {"command": shlex.join(["labkit", *_COMMAND]), **metrics}
-        Path(path).write_text(json.dumps(record, indent=2, default=str))
 
 
 def _positive_float(name):
@@ -195,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="labkit", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true", help="show every warning (LABKIT_VERBOSE=1)")
     sub = p.add_subparsers(dest="cmd", required=True)
-    for add in (_add_main_commands, _add_bench_commands, _add_research_commands, _add_tool_commands):
+    for add in (_add_main_commands, _add_bench_commands, add_research_commands, _add_tool_commands):
         add(sub)
     return p
 
@@ -257,38 +204,6 @@ def _add_bench_commands(sub) -> None:
     d.set_defaults(fn=cmd_tune)
 
 
-def _add_research_commands(sub) -> None:
-    """mtp-experiment, faults: the experiments whose runs live in data/."""
-    d = sub.add_parser("mtp-experiment", help="RL with the MTP draft: arms frozen/trained/unsynced, acceptance per step")
-    d.add_argument("--steps", type=int, default=None, help="RL steps per arm (default 60; --quick: 2)")
-    d.add_argument("--arms", default=None,
-                   help=f"comma-separated subset of {','.join(choices(ExperimentConfig, 'arms'))}")
-    d.add_argument("--k", type=int, default=None, help="drafts per verify step, k (default 1, MiMo's recipe; SGLang's "
-                   "num_draft_tokens is k + 1)")
-    d.add_argument("--temperature", type=float, default=None, help="speculative sampling temperature (default 1)")
-    d.add_argument("--eval-prompts", type=int, default=None)
-    d.add_argument("--prompts", type=int, default=None, help="prompts per RL step")
-    d.add_argument("--group", type=int, default=None, help="samples per prompt (GRPO group)")
-    add_arguments(d, type(rl_train_config()), ("lr", "mtp_lr_mult", "mtp_target", "mtp_clip"), base=rl_train_config(),
-                  keep=True)
-    d.add_argument("--seed", type=int, default=None)
-    d.add_argument("--model", default=None, help="HF model directory (default: data/tiny-mimo)")
-    d.add_argument("--quick", action="store_true", help="a few seconds per step (tests)")
-    d.add_argument("--out", default=None, help="also write the JSON here")
-    d.add_argument("--history", action="store_true", help="--out gets every per-step row too")
-    d.add_argument("--json", action="store_true")
-    d.set_defaults(fn=cmd_mtp_experiment)
-
-    d = sub.add_parser("faults", help="randomized fault injection at random points of real syncs")
-    d.add_argument("--trials", type=int, default=None, help="number of trials (default 33: three rounds of the 11 kinds; --quick: one per kind)")
-    d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--quick", action="store_true", help="only the faults that restart nothing, one trial each (tests)")
-    d.add_argument("--rows", action="store_true", help="include one row per trial in the JSON")
-    d.add_argument("--out", default=None, help="also write the JSON here")
-    d.add_argument("--json", action="store_true")
-    d.set_defaults(fn=cmd_faults)
-
-
 def _add_tool_commands(sub) -> None:
     """report, notebook, pretrain."""
     d = sub.add_parser("report", help="rebuild the README's tables from the stored runs in data/")
@@ -322,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.verbose:  # before anything starts: the actors and their children read it (labkit.compat.quiet)
         os.environ[quiet.VERBOSE_ENV] = "1"
-    _COMMAND[:] = argv
+    COMMAND[:] = argv
     try:
         return args.fn(args)
     except (ValueError, FileNotFoundError) as e:
