@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 Optimizer = Literal["adam", "sgd"]
-MtpTarget = Literal["tokens", "policy"]
+MtpTarget = Literal["tokens", "policy", "topk", "tv"]
 MtpClip = Literal["own", "global"]
 
 
@@ -209,7 +209,8 @@ class TrainConfig:
     mtp_detach: bool = False
     """MTP gradients stop at the trunk (labkit.mtp.loss; RL); pretraining trains both."""
     mtp_target: MtpTarget = "tokens"
-    """What the draft learns: tokens (CE on the sampled tokens) or policy (KL to the main head)."""
+    """What the draft learns: tokens (CE on the sampled tokens, Megatron's), or the main head's distribution:
+    policy (KL), topk (top-8 soft CE, SkyRL), tv (total variation, Bebop)."""
     mtp_lr_mult: float = 1.0
     """The MTP layers' lr over the trunk's: a draft must keep up with a moving policy."""
     micro_batches: int = 1

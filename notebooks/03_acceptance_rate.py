@@ -10,12 +10,15 @@
 # # 03 · MTP draft acceptance while RL moves the policy
 #
 # GRPO on the arithmetic task (rollouts from the SGLang engine, Megatron trainer, a weight sync after every
-# step) in three arms from the same checkpoint, seeds and prompts:
+# step) in three arms from the same checkpoint, seeds, prompts and rollouts (per-request sampling seeds), over
+# several seeds (mean and 95 % band):
 #
 # - **frozen**: the MTP layer is not trained; everything is synced;
 # - **trained**: the MTP loss on the response tokens, trunk detached; everything is synced;
-# - **unsynced**: trained, but the syncs send the trunk only; the engine's draft stays as at step 0.
+# - **unsynced**: trained, but the syncs leave the draft layers out; the engine's draft stays as at step 0 and is
+#   read back from the engine for the measurement.
 #
+# Acceptance is measured on the task's held-out problems (never drawn by pretraining or RL).
 # Every step, labkit's speculative decoder (`labkit.mtp.speculative`, the MTP head chained as the draft, verified
 # by the target with rejection sampling) measures acceptance over the exported weights the engine serves; the
 # RL step's own teacher-forced forward gives the offline estimate `E[sum_x min(p, q)]` (dotted lines).
@@ -32,21 +35,27 @@ STEPS = 60  # RL steps per arm
 SPEC_K = 2  # chained drafts per verify for the standalone run (answers are 2 digits + EOS: 2 is the most that count)
 K = 1  # draft tokens per verify in the RL arms (MiMo's recipe: 1)
 TEMPERATURE = 1.0  # speculative sampling temperature (the rollout temperature)
-EVAL_PROMPTS = 256  # held-out prompts for the acceptance measurement
+EVAL_PROMPTS = 256  # held-out prompts for the acceptance measurement (the task holds out 256)
 PROMPTS = 64  # prompts per RL step
 GROUP = 4  # samples per prompt (GRPO group)
 MTP_LR_MULT = 5.0  # the draft's learning rate over the policy's
-SEED = 0
-QUICK = False  # a few seconds per step: the numbers mean little
+MTP_TARGET = "tokens"  # the draft's objective: tokens (sampled-token CE), policy (KL), topk (SkyRL), tv (Bebop)
+DRAFT_SYNC_EVERY = 1  # cadence: the draft rides along every N-th sync
+SEED = 0  # the standalone run's sampling seed
+SEEDS = "0,1,2"  # one run of every arm per seed
+QUICK = False  # a few seconds per step, one seed: the numbers mean little
 INTERACTIVE = False
 
 # %% tags=["validate"]
+from labkit.config import TrainConfig
 from labkit.mtp.experiment import ExperimentConfig
 
 nb.check_params(globals(), {
     "ARMS": nb.Subset.of(ExperimentConfig, "arms"), "STEPS": nb.Int(1, 500), "SPEC_K": nb.Int(1, 8), "K": nb.Int(1, 8),
-    "TEMPERATURE": nb.Float(0.0, 2.0), "EVAL_PROMPTS": nb.Int(1, 4096), "PROMPTS": nb.Int(1, 512),
-    "GROUP": nb.Int(2, 64), "MTP_LR_MULT": nb.Float(0.01, 100.0), "SEED": nb.Int(0), "QUICK": nb.Bool(), "INTERACTIVE": nb.Bool()});
+    "TEMPERATURE": nb.Float(0.0, 2.0), "EVAL_PROMPTS": nb.Int(1, 256), "PROMPTS": nb.Int(1, 512),
+    "GROUP": nb.Int(2, 64), "MTP_LR_MULT": nb.Float(0.01, 100.0),
+    "MTP_TARGET": nb.Choice.of(TrainConfig, "mtp_target"), "DRAFT_SYNC_EVERY": nb.Int(1, 500), "SEED": nb.Int(0),
+    "SEEDS": nb.Ints(), "QUICK": nb.Bool(), "INTERACTIVE": nb.Bool()});
 
 # %% [markdown]
 # First, speculative decoding with the shipped checkpoint's own MTP draft (no RL): `SPEC_K` chained drafts per
@@ -67,10 +76,12 @@ nb.show(viz.per_position(spec["metrics"]), name="per_position", interactive=INTE
 
 # %%
 base = experiment.ExperimentConfig.quick() if QUICK else experiment.ExperimentConfig()
-cfg = experiment.with_overrides(base, arms=tuple(a.strip() for a in ARMS.split(",")), k=K, seed=SEED,
+cfg = experiment.with_overrides(base, arms=tuple(a.strip() for a in ARMS.split(",")), k=K,
                                 spec_temperature=TEMPERATURE, **({} if QUICK else dict(
+                                    seeds=tuple(int(s) for s in SEEDS.split(",")),
                                     steps=STEPS, eval_prompts=EVAL_PROMPTS, prompts=PROMPTS, group=GROUP,
-                                    mtp_lr_mult=MTP_LR_MULT)))
+                                    mtp_lr_mult=MTP_LR_MULT, mtp_target=MTP_TARGET,
+                                    draft_sync_every=DRAFT_SYNC_EVERY)))
 cfg
 
 # %%
@@ -83,7 +94,7 @@ nb.show(viz.acceptance(result["history"]), name="acceptance", interactive=INTERA
 # %%
 import pandas as pd
 
-cols = ["arm", "step", "mtp/accept_rate", "mtp/offline_accept_rate", "mtp/accept_length", "train/reward",
+cols = ["arm", "seed", "step", "mtp/accept_rate", "mtp/offline_accept_rate", "mtp/accept_length", "train/reward",
         "train/accuracy", "mtp/loss", "train/rollout_kl", "sync/verified"]
 pd.DataFrame(result["history"]).reindex(columns=cols)
 

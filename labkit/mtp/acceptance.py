@@ -169,6 +169,30 @@ def offline_accept_rate(logits, mtp_logits, mask, temperature: float) -> tuple[f
     return (float(ov[counted].mean()) if count else math.nan), count
 
 
+ENTROPY_EDGES = (0.05, 0.5, 1.0)  # nats: near-certain target tokens, uncertain ones, and the noisy digits between
+
+
+def by_entropy(logits, mtp_logits, mask, temperature: float, edges: Sequence[float] = ENTROPY_EDGES) -> dict:
+    """The offline acceptance split by the target's entropy at the drafted token (nats, of p at `temperature`):
+    {"<0.05": [rate, count], "0.05-0.5": ..., ">=1.0": ...}; bins without a position get [None, 0]. Where the
+    target is nearly certain any draft that learned the trunk agrees; the uncertain tokens are where drafts differ."""
+    import torch
+
+    ov = overlap(logits, mtp_logits, temperature)
+    n = ov.shape[1]
+    p = torch.softmax(logits[:, 1:n + 1].float() / max(temperature, 1e-6), -1)
+    ent = -(p * p.clamp_min(1e-30).log()).sum(-1)
+    counted = mask[:, 2:].bool()
+    bounds = [-math.inf, *edges, math.inf]
+    out = {}
+    for lo, hi in zip(bounds, bounds[1:]):
+        name = f"<{hi:g}" if lo == -math.inf else (f">={lo:g}" if hi == math.inf else f"{lo:g}-{hi:g}")
+        sel = counted & (ent >= lo) & (ent < hi)
+        c = int(sel.sum())
+        out[name] = [float(ov[sel].mean()) if c else None, c]
+    return out
+
+
 def round_starts(a: Sequence[float], k: int) -> list[float]:
     """P(a verify round starts at response token j) for j = 1..len(a), given each token's acceptance a[j-1].
 

@@ -5,6 +5,6 @@ mtp_loss_scale), so they live in `labkit.trainer.mtp_loss` (the trainer may not 
 down); this module keeps the name that the README and the MTP experiments cite.
 """
 
-from labkit.trainer.mtp_loss import capture_mtp, detach_trunk, freeze_mtp, policy_kl
+from labkit.trainer.mtp_loss import capture_mtp, detach_trunk, freeze_mtp, policy_loss
 
-__all__ = ["capture_mtp", "detach_trunk", "freeze_mtp", "policy_kl"]
+__all__ = ["capture_mtp", "detach_trunk", "freeze_mtp", "policy_loss"]

@@ -11,12 +11,13 @@ advantage-weighted log-likelihood; no reference-model KL term (the task needs no
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 
 from labkit.config import TrainConfig, check
 from labkit.models.tokenizer import PAD
-from labkit.mtp.acceptance import offline_accept_rate, offline_loop_rate
+from labkit.mtp.acceptance import by_entropy, offline_accept_rate, offline_loop_rate
 from labkit.sync import SyncConfig, sync
 from labkit.tasks import ArithTask
 
@@ -71,14 +72,38 @@ def advantages(rewards: list[float], group: int) -> list[float]:
     return out
 
 
-def rollout(engine, problems, cfg: RLConfig, task=None) -> list[dict]:
+def sample_seed(*parts: int) -> int:
+    """A 62-bit sampling seed from integers (experiment seed, step, prompt, sample): stable across processes
+    and Python versions (no `hash()`), distinct for distinct tuples with overwhelming probability."""
+    digest = hashlib.blake2b(",".join(str(int(p)) for p in parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 2
+
+
+def sampling_params(n_problems: int, cfg: RLConfig, seed: tuple[int, ...] | None) -> list[dict]:
+    """One SGLang sampling dict per (problem, sample); with `seed` (e.g. (experiment seed, step)) each carries
+    `sampling_seed` = sample_seed(*seed, problem, sample), so equal weights give token-identical rollouts
+    whichever arm or run asks (on CPU through labkit.compat.seeded)."""
+    base = {"temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens}
+    if seed is None:
+        return [dict(base) for _ in range(n_problems * cfg.group)]
+    return [{**base, "sampling_seed": sample_seed(*seed, i, j)} for i in range(n_problems) for j in range(cfg.group)]
+
+
+def digest(rows: list[dict]) -> str:
+    """16 hex chars over every rollout's tokens, in order: equal digests mean token-identical rollouts."""
+    h = hashlib.sha256()
+    for r in rows:
+        h.update(",".join(map(str, r["tokens"])).encode() + b";")
+    return h.hexdigest()[:16]
+
+
+def rollout(engine, problems, cfg: RLConfig, task=None, seed: tuple[int, ...] | None = None) -> list[dict]:
     """`cfg.group` samples per problem from the engine, with the engine's per-token log-probs and the task's
-    reward (`task`: a labkit.tasks.Task, default the arithmetic task)."""
+    reward (`task`: a labkit.tasks.Task, default the arithmetic task); `seed`: see `sampling_params`."""
     task = task or ArithTask()
     items = [p for p in problems for _ in range(cfg.group)]
     ids = [task.tokenizer.encode(p.prompt) for p in items]
-    outs = engine.generate(input_ids=ids, return_logprob=True,
-                           sampling={"temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens})
+    outs = engine.generate(input_ids=ids, return_logprob=True, sampling=sampling_params(len(problems), cfg, seed))
     return [{"problem": p, "prompt_ids": i, "tokens": o["tokens"], "logprobs": o["logprobs"],
              "reward": task.reward(p, o["text"]), "weight_version": o["meta_info"].get("weight_version")}
             for p, i, o in zip(items, ids, outs)]
@@ -158,23 +183,25 @@ def lr_at(cfg: RLConfig, step: int) -> float:
 
 def step(trainer, engine, problems, cfg: RLConfig, *, step_index: int = 0, eval_problems=None, train: bool = True,
          sync_cfg=None,
-         exclude: tuple[str, ...] = (), spec_temperature: float = 1.0, spec_k: int = 1, task=None) -> dict:
+         exclude: tuple[str, ...] = (), spec_temperature: float = 1.0, spec_k: int = 1, task=None,
+         seed: tuple[int, ...] | None = None) -> dict:
     """One RL step; returns its metrics. `train=False` measures only (the last point of a run).
 
     train/reward: mean reward of this step's rollouts; train/accuracy: greedy accuracy on `eval_problems`;
     mtp/offline_accept_rate: the depth-1 acceptance a k-draft loop would see, from this step's forward
-    (`offline_loop_rate`; `..._plain` weighs every drafted response token the same).
+    (`offline_loop_rate`; `..._plain` weighs every drafted response token the same); rollout/digest: the
+    rollouts' tokens (`seed`: per-request sampling seeds, see `sampling_params`).
     """
     import torch
 
 
-    rows = rollout(engine, problems, cfg, task)
+    rows = rollout(engine, problems, cfg, task, seed)
     rewards = [r["reward"] for r in rows]
     tokens, mask, drafted = to_batch(rows)
     out = trainer.forward(tokens)
     m = {"train/reward": sum(rewards) / len(rewards),
          "train/accuracy": greedy_accuracy(engine, eval_problems or problems, cfg.max_new_tokens, task),
-         "rollout/weight_version": rows[0]["weight_version"],
+         "rollout/weight_version": rows[0]["weight_version"], "rollout/digest": digest(rows),
          **rollout_kl(out["logits"], rows)}
     if out["mtp_logits"]:  # the offline acceptance estimate comes free with this forward
         mtp = out["mtp_logits"][0]
@@ -182,7 +209,8 @@ def step(trainer, engine, problems, cfg: RLConfig, *, step_index: int = 0, eval_
         rate, drafts = offline_loop_rate(out["logits"], mtp, [len(r["prompt_ids"]) for r in rows],
                                          [len(r["tokens"]) for r in rows], spec_temperature, spec_k)
         m.update({"mtp/offline_accept_rate": rate, "mtp/offline_accept_rate_plain": plain,
-                  "mtp/offline_drafts": drafts})
+                  "mtp/offline_drafts": drafts,
+                  "mtp/offline_by_entropy": by_entropy(out["logits"], mtp, drafted, spec_temperature)})
     if not train:
         return m
     adv = torch.tensor(advantages(rewards, cfg.group))

@@ -6,6 +6,8 @@ code that works on `Problem`s directly (pretraining, tests).
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import random
 from dataclasses import dataclass, field
 
@@ -20,18 +22,57 @@ class Problem:
 
 
 MAX_OPERAND = 49  # 2,500 problems: the tiny model learns them all, so RL's room is its sampling noise
+HELD_OUT = 256  # problems no training stage ever sees (pretraining, RL prompts): the evaluation set
+HELD_OUT_SEED = 20_261_125  # fixed: the held-out set is part of the task's definition, like its operand range
 CHAR = CharTokenizer()
 
 
-def problems(n: int, seed: int = 0, max_operand: int = MAX_OPERAND) -> list[Problem]:
+def _check_held_out(max_operand: int, held_out: int | None) -> int:
+    """The held-out count (None: HELD_OUT, at most a quarter of the problems), or ValueError naming the value."""
+    pairs = (max_operand + 1) ** 2
+    if held_out is None:
+        return min(HELD_OUT, pairs // 4)
+    if not (isinstance(held_out, int) and not isinstance(held_out, bool) and 0 <= held_out <= pairs // 2):
+        raise ValueError(f"held_out={held_out!r} is invalid: expected an integer in [0, {pairs // 2}] (at most half "
+                         f"of the {pairs} problems with operands 0..{max_operand}) or None")
+    return held_out
+
+
+@functools.lru_cache(maxsize=8)
+def held_out_pairs(max_operand: int = MAX_OPERAND, held_out: int | None = None) -> tuple[tuple[int, int], ...]:
+    """The (a, b) pairs held out of every training stage, in a fixed order: a seeded sample of all pairs."""
+    held_out = _check_held_out(max_operand, held_out)
+    every = [(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1)]
+    return tuple(random.Random(HELD_OUT_SEED).sample(every, held_out))
+
+
+def held_out_digest(max_operand: int = MAX_OPERAND, held_out: int | None = None) -> str:
+    """16 hex chars naming the held-out set: a checkpoint records it (pretrain.json) so an experiment can check
+    that its evaluation problems were kept out of that checkpoint's training."""
+    text = ";".join(f"{a}+{b}" for a, b in sorted(held_out_pairs(max_operand, held_out)))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def problems(n: int, seed: int = 0, max_operand: int = MAX_OPERAND, held_out: int | None = None) -> list[Problem]:
+    """n training problems drawn uniformly from the pairs outside the held-out set (seeded)."""
     if n < 1:
         raise ValueError(f"n={n!r} is invalid: expected an integer >= 1")
+    skip = frozenset(held_out_pairs(max_operand, held_out))
     rng = random.Random(seed)
     out = []
-    for _ in range(n):
+    while len(out) < n:
         a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
-        out.append(Problem(f"{a}+{b}=", str(a + b)))
+        if (a, b) not in skip:
+            out.append(Problem(f"{a}+{b}=", str(a + b)))
     return out
+
+
+def evaluation(n: int, max_operand: int = MAX_OPERAND, held_out: int | None = None) -> list[Problem]:
+    """The first n held-out problems (fixed order): disjoint from every `problems(...)` draw."""
+    pairs = held_out_pairs(max_operand, held_out)
+    if not (isinstance(n, int) and 1 <= n <= len(pairs)):
+        raise ValueError(f"n={n!r} is invalid: expected an integer in [1, {len(pairs)}] (the held-out set's size)")
+    return [Problem(f"{a}+{b}=", str(a + b)) for a, b in pairs[:n]]
 
 
 def reward(problem: Problem, completion: str) -> float:
@@ -67,6 +108,8 @@ class ArithTask:
     """"a+b=" -> the sum, exact-answer reward; the task every labkit default (Workbench, RL, MTP experiment) uses."""
 
     max_operand: int = MAX_OPERAND
+    held_out: int | None = None
+    """Problems kept out of `problems()` (training) and served by `evaluation()`; None: 256, at most a quarter."""
     tokenizer: Tokenizer = field(default_factory=CharTokenizer)
     max_new_tokens: int = 5  # "98" + EOS fits with room: longer answers are wrong anyway
 
@@ -75,9 +118,16 @@ class ArithTask:
               "an integer >= 0")
         check(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1, "max_new_tokens",
               self.max_new_tokens, "an integer >= 1")
+        _check_held_out(self.max_operand, self.held_out)
 
     def problems(self, n: int, seed: int = 0) -> list[Problem]:
-        return problems(n, seed=seed, max_operand=self.max_operand)
+        return problems(n, seed=seed, max_operand=self.max_operand, held_out=self.held_out)
+
+    def evaluation(self, n: int) -> list[Problem]:
+        return evaluation(n, max_operand=self.max_operand, held_out=self.held_out)
+
+    def evaluation_digest(self) -> str:
+        return held_out_digest(self.max_operand, self.held_out)
 
     def reward(self, problem: Problem, completion: str) -> float:
         return reward(problem, completion)

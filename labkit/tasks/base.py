@@ -31,7 +31,11 @@ class Task(Protocol):
     """A task: `problems(n, seed)` gives n items, each with a `.prompt` string (and whatever `reward` needs,
     e.g. the answer); `reward(problem, completion_text)` scores one completion in [0, 1]; `batch(problems)`
     gives right-padded token ids [b, s] and a loss mask [b, s] (1 on the tokens a supervised step learns);
-    `tokenizer` encodes prompts for the engine and the trainer; `max_new_tokens` is a completion's budget."""
+    `tokenizer` encodes prompts for the engine and the trainer; `max_new_tokens` is a completion's budget.
+
+    Optional: `evaluation(n)`, n held-out problems that no `problems(...)` draw returns, and
+    `evaluation_digest()`, a name for that set a checkpoint's pretrain.json can record. Without them an
+    experiment evaluates on a seeded draw and reports `mtp/eval_disjoint` False."""
 
     tokenizer: Tokenizer
     max_new_tokens: int

@@ -8,10 +8,10 @@ it does, on any GPTModel with an MTP block:
 MTP-loss gradients then reach only the MTP layers' own parameters (enorm, hnorm, eh_proj, the layer, its final
 norm). The main logits still come from the attached trunk, so the policy loss is untouched.
 
-`policy_kl` is the other draft target: rather than cross-entropy on the one sampled token, the MTP head at t
-matches the main head's whole distribution at t+d, already in the same forward. For on-policy rollouts its
-gradient has the same expectation as the sampled CE with less noise, and it is the quantity speculative
-acceptance (1 - TV(p, q)) rewards directly.
+`policy_loss` gives the other draft targets: rather than cross-entropy on the one sampled token, the MTP head at
+t matches the main head's whole distribution at t+d, already in the same forward: KL (for on-policy rollouts its
+gradient has the sampled CE's expectation with less noise), top-k soft CE (SkyRL), or total variation (Bebop),
+the quantity speculative acceptance (1 - TV(p, q)) rewards directly.
 
 Megatron clips one global grad norm over all parameters, so a large MTP gradient could still shrink the policy's
 update through the clip coefficient; labkit.trainer.clip gives the MTP layers their own norm group
@@ -97,8 +97,27 @@ def capture_mtp(model, into: dict):
     return inner.mtp.register_forward_hook(lambda m, i, o: into.__setitem__("mtp_hidden", o))
 
 
-def policy_kl(model, hidden, loss_mask):
-    """Mean over drafted targets of KL(main head at t+d || MTP depth d at t), averaged over depths.
+TOPK = 8  # SkyRL's soft CE keeps the target's top-k probabilities, renormalised
+
+
+def distance(target, q, kind: str):
+    """Per-position loss of the draft's log-probs `q` against the main head's `target` ([..., V] each):
+    policy  KL(p || q) (labkit's default policy target);
+    topk    cross-entropy against p restricted to its TOPK largest entries and renormalised (SkyRL);
+    tv      total variation 0.5 * sum |p - q| (Bebop), the quantity acceptance 1 - TV(p, q) rewards directly."""
+    p = target.exp()
+    if kind == "policy":
+        return (p * (target - q)).sum(-1)
+    if kind == "topk":
+        top, idx = p.topk(min(TOPK, p.shape[-1]), dim=-1)
+        return -((top / top.sum(-1, keepdim=True)) * q.gather(-1, idx)).sum(-1)
+    if kind == "tv":
+        return 0.5 * (p - q.exp()).abs().sum(-1)
+    raise ValueError(f"kind={kind!r} is invalid: expected policy, topk or tv")
+
+
+def policy_loss(model, hidden, loss_mask, kind: str = "policy"):
+    """Mean over drafted targets of `distance(main head at t+d, MTP depth d at t, kind)`, averaged over depths.
 
     Drafted targets: the token the main head reads at t+d is itself a response token. The first response
     token always comes from the target's prefill, so a draft is never asked for it.
@@ -125,6 +144,5 @@ def policy_kl(model, hidden, loss_mask):
     for d in range(1, n + 1):
         # Depth d at position t predicts token t+1+d, as the main head does at position t+d.
         target, q, m = p[d:], logp(parts[d])[:-d], mask[d:] * mask[d - 1:-1]
-        kl = (target.exp() * (target - q)).sum(-1)
-        total = total + (kl * m).sum() / m.sum().clamp(min=1)
+        total = total + (distance(target, q, kind) * m).sum() / m.sum().clamp(min=1)
     return total / n

@@ -21,7 +21,7 @@ from labkit.config import ParallelSpec, TrainConfig
 from labkit.models.hf import load_hf_config
 from labkit.trainer import bridge as fixes  # called as fixes.export_unique: tests swap it inside the actor
 from labkit.trainer.clip import clip_by_group
-from labkit.trainer.mtp_loss import capture_mtp, detach_trunk, freeze_mtp, policy_kl
+from labkit.trainer.mtp_loss import capture_mtp, detach_trunk, freeze_mtp, policy_loss
 
 
 def _init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, parallel: ParallelSpec,
@@ -138,7 +138,8 @@ class TrainerRank:
             forward_step_func=partial(_forward_step, total_tokens=float(batch["loss_mask"].sum().clamp(min=1)),
                                       policy_scale=0.0 if mtp_only else 1.0,
                                       kl_scale=self.train_cfg.mtp_loss_scale
-                                      if self.train_cfg.mtp_target == "policy" else 0.0),
+                                      if self.train_cfg.mtp_target != "tokens" else 0.0,
+                                      kind=self.train_cfg.mtp_target),
             data_iterator=iter(micro), model=self.models, num_microbatches=n_micro,
             seq_length=tokens.shape[1], micro_batch_size=micro[0]["tokens"].shape[0], forward_only=False)
         with compat.optimizer_scope():  # Megatron's norm and step, on CPU too
@@ -243,7 +244,8 @@ def _make_batch(tokens, loss_mask, weights):
     return {"tokens": tokens, "labels": labels, "loss_mask": mask, "weights": w, "position_ids": pos}
 
 
-def _forward_step(data_iterator, model, total_tokens: float, policy_scale: float = 1.0, kl_scale: float = 0.0):
+def _forward_step(data_iterator, model, total_tokens: float, policy_scale: float = 1.0, kl_scale: float = 0.0,
+                  kind: str = "policy"):
     b = next(data_iterator)
     captured: dict = {}
     hook = capture_mtp(model, captured) if kl_scale else None
@@ -261,7 +263,7 @@ def _forward_step(data_iterator, model, total_tokens: float, policy_scale: float
         logs = {"lm loss": loss.detach()}
         total = loss * policy_scale
         if "mtp_hidden" in captured:
-            kl = policy_kl(model, captured.pop("mtp_hidden"), b["loss_mask"])
+            kl = policy_loss(model, captured.pop("mtp_hidden"), b["loss_mask"], kind)
             total, logs["mtp kl"] = total + kl_scale * kl, kl.detach()
         return total, logs
 

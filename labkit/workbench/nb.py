@@ -137,6 +137,18 @@ class Subset:
         return "a comma-separated list of " + ", ".join(repr(c) for c in self.values)
 
 
+@dataclass(frozen=True)
+class Ints:
+    """A comma-separated string of distinct integers >= 0, e.g. "0,1,2" (seeds)."""
+
+    def ok(self, v) -> bool:
+        items = [x.strip() for x in v.split(",")] if isinstance(v, str) else []
+        return bool(items) and all(x.isdigit() for x in items) and len(set(map(int, items))) == len(items)
+
+    def __str__(self) -> str:
+        return "a comma-separated list of distinct integers >= 0"
+
+
 def _in(v, lo, hi) -> bool:
     return (lo is None or v >= lo) and (hi is None or v <= hi)
 

@@ -138,7 +138,45 @@ def roofline_models_table(run: dict) -> list[str]:
     return lines + ["", note]
 
 
-TABLES = {"faults": ("faults_cpu.json", faults_table), "serve-sync": ("bench_serve_sync_cpu.json", serve_table),
+def _ci(mean, ci) -> str:
+    return f"{mean:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else " (one seed: no interval)")
+
+
+def mtp_table(run: dict) -> list[str]:
+    m = run.get("metrics", run)
+    head = ["arm", "final accept rate, mean [95 % CI]", "last quarter, mean [95 % CI]", "final reward",
+            "final accept rate per seed"]
+    lines = [_row(head), _row(["---"] * len(head))]
+    for arm in m["mtp/arms"]:
+        per = ", ".join(f"{s[f'mtp/final_accept_rate_{arm}']:.3f}" for s in m["mtp/per_seed"])
+        lines.append(_row([arm, _ci(m[f"mtp/final_accept_rate_{arm}_mean"], m[f"mtp/final_accept_rate_{arm}_ci95"]),
+                           _ci(m[f"mtp/tail_accept_rate_{arm}_mean"], m[f"mtp/tail_accept_rate_{arm}_ci95"]),
+                           f"{m[f'mtp/final_reward_{arm}']:.3f}", per]))
+    lines.append("")
+    if "mtp/diff_trained_frozen_mean" in m:
+        final = _ci(m["mtp/diff_trained_frozen_mean"], m["mtp/diff_trained_frozen_ci95"])
+        tail = _ci(m["mtp/diff_trained_frozen_tail_mean"], m["mtp/diff_trained_frozen_tail_ci95"])
+        lines.append(f"- trained − frozen, paired by seed (final): {final}; last quarter: {tail}")
+    if "mtp/unsynced_lowest_all_seeds" in m:
+        lines.append(f"- unsynced lowest in every seed: {m['mtp/unsynced_lowest_all_seeds']}; its draft, read back "
+                     f"from the engine, equalled the trainer's at step 0: "
+                     f"{m.get('mtp/unsynced_engine_draft_step0_equal')}, and differed from it at every later step: "
+                     f"{m.get('mtp/unsynced_engine_draft_stale_after')}")
+    lines.append(f"- evaluation on held-out problems, disjoint from pretraining and RL (`mtp/eval_disjoint`): "
+                 f"{m['mtp/eval_disjoint']}; rollouts token-identical across arms at step 0: "
+                 f"{m['mtp/rollouts_identical_step0']}, at later steps: {m['mtp/rollouts_identical_fraction']:.0%}")
+    if "mtp/offline_err_step_mean" in m:
+        lines.append(f"- offline estimate's error per step: mean {m['mtp/offline_err_step_mean']:.3f}, "
+                     f"max {m['mtp/offline_err_step_max']:.3f}")
+    lines.append(f"- at step 0 (every arm): accept rate {m['mtp/start_accept_rate']:.3f}, reward "
+                 f"{m['mtp/start_reward']:.3f}")
+    lines.append(f"- seeds {m['mtp/seeds']}, {m['mtp/steps']} steps per arm, k = {m['mtp/k']}, "
+                 f"{m['timing/mtp_experiment/total'] / 60:.1f} min on this 2-core box")
+    return lines
+
+
+TABLES = {"mtp": ("mtp_experiment_cpu.json", mtp_table), "faults": ("faults_cpu.json", faults_table),
+          "serve-sync": ("bench_serve_sync_cpu.json", serve_table),
           "bench-sync": ("bench_sync_cpu.json", bench_table), "bench-delta": ("bench_delta_cpu.json", delta_table),
           "roofline": ("roofline_published.json", roofline_table),
           "roofline-models": ("roofline_published.json", roofline_models_table)}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING
+from labkit.mtp import summary
 from labkit.mtp.acceptance import expected_accept_length
 
 if TYPE_CHECKING:  # plotly is imported lazily: `import labkit.workbench.viz` stays cheap
@@ -127,37 +128,48 @@ def _num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def acceptance(history: list[dict], title: str = "MTP draft acceptance under RL") -> go.Figure:
-    """Per arm over RL steps: measured accept rate (solid) and its offline estimate (dotted), reward, and accept
-    length against the theory E = (1 - a^(k+1)) / (1 - a) at the measured per-position-1 rate.
+def _band(fig, steps, ci, color, arm, col) -> None:
+    """A shaded 95 % band between the interval's ends (steps without an interval, e.g. one seed, get none)."""
+    pts = [(s, c) for s, c in zip(steps, ci) if c]
+    if not pts:
+        return
+    xs = [p[0] for p in pts] + [p[0] for p in reversed(pts)]
+    ys = [p[1][1] for p in pts] + [p[1][0] for p in reversed(pts)]
+    fig.add_scatter(x=xs, y=ys, fill="toself", fillcolor=color, opacity=0.15, line=dict(width=0), hoverinfo="skip",
+                    legendgroup=arm, showlegend=False, row=1, col=col)
 
-    history rows (labkit.mtp.experiment): {"arm", "step", "mtp/accept_rate", "mtp/accept_length",
+
+def acceptance(history: list[dict], title: str = "MTP draft acceptance under RL") -> go.Figure:
+    """Per arm over RL steps, the mean over seeds with a 95 % band: measured accept rate (solid) and its offline
+    estimate (dotted), reward, and accept length against the theory E = (1 - a^(k+1)) / (1 - a) at the
+    measured per-position-1 rate.
+
+    history rows (labkit.mtp.experiment): {"arm", "seed", "step", "mtp/accept_rate", "mtp/accept_length",
     "mtp/offline_accept_rate", "mtp/accept_rate_pos_1", "train/reward", ...}.
     """
     from plotly.subplots import make_subplots
 
-
     fig = make_subplots(rows=1, cols=3, subplot_titles=("accept rate", "reward", "accept length vs theory"))
     arms = list(dict.fromkeys(h["arm"] for h in history))
+    per_arm = summary.curves([{"seed": 0, **h} for h in history], arms)
+    k = sum(1 for key in history[0] if key.startswith("mtp/accept_rate_pos_")) if history else 0
     for i, arm in enumerate(arms):
-        rows = [h for h in history if h["arm"] == arm]
-        color, steps = _color(i), [h["step"] for h in rows]
-        line = dict(color=color)
-        fig.add_scatter(x=steps, y=[h["mtp/accept_rate"] for h in rows], mode="lines+markers", name=arm,
-                        legendgroup=arm, line=line, row=1, col=1)
-        off = [(h["step"], h["mtp/offline_accept_rate"]) for h in rows if _num(h.get("mtp/offline_accept_rate"))]
+        pts, color = per_arm[arm], _color(i)
+        steps, line = [p["step"] for p in pts], dict(color=color)
+        for col, name in ((1, "accept_rate"), (2, "reward"), (3, "accept_length")):
+            _band(fig, steps, [p[f"{name}_ci95"] for p in pts], color, arm, col)
+            fig.add_scatter(x=steps, y=[p[name] for p in pts], mode="lines+markers", name=arm, legendgroup=arm,
+                            showlegend=col == 1, line=line, row=1, col=col)
+        off = [(p["step"], p["offline_accept_rate"]) for p in pts if _num(p.get("offline_accept_rate"))]
         if off:
             fig.add_scatter(x=[p[0] for p in off], y=[p[1] for p in off], mode="lines", name=f"{arm} (offline)",
                             legendgroup=arm, line=dict(color=color, dash="dot"), row=1, col=1)
-        fig.add_scatter(x=steps, y=[h["train/reward"] for h in rows], mode="lines+markers", legendgroup=arm,
-                        showlegend=False, line=line, row=1, col=2)
-        k = sum(1 for key in rows[0] if key.startswith("mtp/accept_rate_pos_"))
-        fig.add_scatter(x=steps, y=[h["mtp/accept_length"] for h in rows], mode="lines+markers", legendgroup=arm,
-                        showlegend=False, line=line, row=1, col=3)
         if k:
-            fig.add_scatter(x=steps, y=[expected_accept_length(h["mtp/accept_rate_pos_1"], k) for h in rows],
-                            mode="lines", legendgroup=arm, showlegend=False, line=dict(color=color, dash="dot"),
-                            row=1, col=3)
+            rows = [h for h in history if h["arm"] == arm]
+            theory = {s: [expected_accept_length(h["mtp/accept_rate_pos_1"], k) for h in rows if h["step"] == s]
+                      for s in steps}
+            fig.add_scatter(x=steps, y=[sum(v) / len(v) for v in theory.values()], mode="lines", legendgroup=arm,
+                            showlegend=False, line=dict(color=color, dash="dot"), row=1, col=3)
     for c in (1, 2, 3):
         fig.update_xaxes(title_text="RL step", row=1, col=c)
     fig.update_yaxes(range=[0, 1], row=1, col=1)

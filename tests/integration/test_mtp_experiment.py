@@ -42,9 +42,30 @@ def test_every_arm_starts_from_the_same_measurement(quick):
     assert starts == {quick["mtp/start_accept_rate"]}
 
 
+def test_the_arms_differ_only_by_design(quick):
+    """Held-out evaluation, token-identical rollouts in every arm (sampling seeds; the draft cannot move the
+    policy, so the trunks stay equal), and an unsynced draft read back from the engine that stayed at step 0."""
+    assert quick["mtp/eval_disjoint"] is True and quick["mtp/eval_overlap_rl_prompts"] == 0
+    assert quick["mtp/rollouts_identical_step0"] is True
+    assert quick["mtp/rollouts_identical_fraction"] == 1.0
+    assert quick["mtp/unsynced_engine_draft_step0_equal"] is True
+    assert quick["mtp/unsynced_engine_draft_stale_after"] is True
+
+
+def test_seed_keys_are_present_and_one_seed_claims_no_interval(quick):
+    assert quick["mtp/seeds"] == [0] and len(quick["mtp/per_seed"]) == 1
+    for arm in ARMS:
+        assert quick[f"mtp/final_accept_rate_{arm}_mean"] == quick[f"mtp/final_accept_rate_{arm}"]
+        assert quick[f"mtp/final_accept_rate_{arm}_ci95"] is None
+    assert quick["mtp/diff_trained_frozen_ci95"] is None
+    assert isinstance(quick["mtp/unsynced_lowest_all_seeds"], bool)
+    assert 0.0 <= quick["mtp/offline_err_step_mean"] <= quick["mtp/offline_err_step_max"] <= 1.0
+
+
 @pytest.mark.parametrize("args,match", [
     (["--k", "0"], "k=0"), (["--temperature", "-0.5"], "spec_temperature=-0.5"),
     (["--arms", "trained,bogus"], "arms="), (["--group", "1"], "group=1"), (["--steps", "0"], "steps=0"),
+    (["--seeds", "0,x"], "--seeds='0,x'"), (["--seeds", "1,1"], "seeds=(1, 1)"), (["--eval-prompts", "300"], "n=300"),
 ])
 def test_bad_flags_fail_before_anything_starts(args, match):
     rc, out, err = _labkit("mtp-experiment", "--quick", *args, timeout=60)

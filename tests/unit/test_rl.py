@@ -63,9 +63,9 @@ def test_experiment_config_names_the_bad_value(bad, match):
 
 
 def test_overrides_route_rl_fields():
-    cfg = with_overrides(ExperimentConfig(), steps=3, group=2, lr=None, mtp_lr_mult=2.0, seed=7)
+    cfg = with_overrides(ExperimentConfig(), steps=3, group=2, lr=None, mtp_lr_mult=2.0, seeds=(7,))
     assert cfg.steps == 3 and cfg.rl.group == 2 and cfg.rl.train.lr == RLConfig().train.lr
-    assert cfg.rl.train.mtp_lr_mult == 2.0 and cfg.seed == 7 and cfg.rl.train.seed == TrainConfig().seed
+    assert cfg.rl.train.mtp_lr_mult == 2.0 and cfg.seeds == (7,) and cfg.rl.train.seed == TrainConfig().seed
     with pytest.raises(ValueError, match="mtp_target='kl'"):
         with_overrides(ExperimentConfig(), mtp_target="kl")
 

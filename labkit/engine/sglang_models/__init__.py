@@ -4,3 +4,10 @@ Every module here defines `EntryClass`; SGLang's registry serves these for their
 imports its own model zoo only on demand (which also shortens engine start). The classes are SGLang's own
 models with small additions; their forward is untouched (see each module for what its load path adds).
 """
+
+import torch as _torch
+
+if not _torch.cuda.is_available():  # imported in SGLang's scheduler before any batch forms: seeds apply to all
+    from labkit.compat import seeded as _seeded
+
+    _seeded.patch_sampling_seeds()

@@ -3,7 +3,8 @@
 PyPI's sglang-kernel is a CUDA build (it needs libcuda at import) and the CPU build is source-only.
 SGLang's CPU engine imports a few `*_cpu` kernels at module load but its basic generate and
 weight-update paths never call them. Every name here is a function that raises NotImplementedError
-naming itself, so a path that needs a real kernel fails loudly, never silently.
+naming itself, so a path that needs a real kernel fails loudly, never silently. One exception computes:
+`torch.ops.sgl_kernel.murmur_hash32_cpu`, which SGLang's seeded sampler calls (labkit.compat.seeded).
 """
 
 import importlib.abc
@@ -69,3 +70,9 @@ if not any(type(f).__name__ == "_Finder" and type(f).__module__ == __name__ for 
 from labkit.compat import loopback as _loopback  # noqa: E402
 
 _loopback.patch_tcp_rendezvous()
+
+# The one kernel here that computes: SGLang's seeded sampler hashes with murmur_hash32_cpu on CPU
+# (labkit.compat.seeded, the same arithmetic as SGLang's Triton kernel, in torch).
+from labkit.compat import seeded as _seeded  # noqa: E402
+
+_seeded.register_kernel()

@@ -1,0 +1,156 @@
+"""labkit.mtp.stats and labkit.mtp.summary: intervals that few seeds cannot overstate, paired differences, and
+the checks that the arms differ only by design, on hand-made rows."""
+
+import math
+import random
+
+import pytest
+
+from labkit.mtp import stats, summary
+from labkit.mtp.rl import RLConfig, sample_seed, sampling_params
+from labkit.tasks import ArithTask, arith
+
+
+def test_t_quantiles_match_scipy():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    for df in (1, 2, 3, 5, 10, 30):
+        assert stats.t975(df) == pytest.approx(scipy_stats.t.ppf(0.975, df), abs=2e-3)
+    assert stats.t975(200) == pytest.approx(1.96)
+
+
+def test_three_seeds_use_t_not_normal():
+    mean, (lo, hi) = stats.mean_ci95([0.1, 0.2, 0.3])
+    assert mean == pytest.approx(0.2) and hi - mean == pytest.approx(4.303 * 0.1 / math.sqrt(3))
+    assert stats.mean_ci95([0.5]) == (0.5, None)  # one value claims no interval
+    with pytest.raises(ValueError, match="no values"):
+        stats.mean_ci95([])
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_interval_contains_the_mean_and_shifts_with_the_data(seed):
+    rng = random.Random(seed)
+    xs, shift = [rng.uniform(-1, 1) for _ in range(rng.randint(2, 8))], rng.uniform(-1, 1)
+    mean, (lo, hi) = stats.mean_ci95(xs)
+    assert lo <= mean + 1e-12 and mean <= hi + 1e-12
+    m2, (lo2, hi2) = stats.mean_ci95([x + shift for x in xs])
+    assert m2 == pytest.approx(mean + shift, abs=1e-9) and hi2 - lo2 == pytest.approx(hi - lo, abs=1e-9)
+
+
+def test_paired_difference_removes_what_the_arms_share():
+    a, b = [0.9, 0.5, 0.7], [0.8, 0.4, 0.6]  # large seed-to-seed spread, constant difference
+    mean, (lo, hi) = stats.paired(a, b)
+    assert mean == pytest.approx(0.1) and hi - lo == pytest.approx(0.0, abs=1e-9)
+    with pytest.raises(ValueError, match="one per seed"):
+        stats.paired([1.0], [1.0, 2.0])
+
+
+def _rows(seed, arm, rates, digest="d", overlap=0):
+    return [{"arm": arm, "seed": seed, "step": i, "mtp/accept_rate": r, "mtp/accept_length": 1 + r,
+             "train/reward": 0.7, "train/accuracy": 0.9, "mtp/offline_accept_rate": r + 0.01,
+             "mtp/accept_rate_pos_1": r, "rollout/digest": f"{digest}{i}", "rl/eval_overlap": overlap,
+             **({"mtp/engine_draft_is_trainers": i == 0} if arm == "unsynced" else {})}
+            for i, r in enumerate(rates)]
+
+
+ARMS = ("frozen", "trained", "unsynced")
+
+
+def _history(overlap=0, differ_at=None):
+    h = []
+    for seed, bump in ((0, 0.0), (1, 0.05), (2, -0.03)):
+        h += _rows(seed, "frozen", [0.7, 0.65 + bump, 0.6 + bump])
+        h += _rows(seed, "trained", [0.7, 0.75 + bump, 0.8 + bump], overlap=overlap)
+        h += _rows(seed, "unsynced", [0.7, 0.6 + bump, 0.55 + bump], digest="x" if differ_at == seed else "d")
+    return h
+
+
+def test_summary_keys_and_values():
+    m = summary.summarize(_history(), ARMS, (0, 1, 2), eval_held_out=True)
+    assert m["mtp/seeds"] == [0, 1, 2] and m["mtp/eval_disjoint"] is True
+    assert m["mtp/diff_trained_frozen_mean"] == pytest.approx(0.2)
+    lo, hi = m["mtp/diff_trained_frozen_ci95"]
+    assert lo == pytest.approx(0.2) and hi == pytest.approx(0.2)
+    assert m["mtp/final_accept_rate_trained_mean"] == pytest.approx((0.8 + 0.85 + 0.77) / 3)
+    assert m["mtp/unsynced_lowest_all_seeds"] is True
+    assert m["mtp/offline_err_step_mean"] == pytest.approx(0.01)
+    assert m["mtp/offline_err_step_max"] == pytest.approx(0.01)
+    assert m["mtp/rollouts_identical_step0"] is True and m["mtp/rollouts_identical_fraction"] == 1.0
+    assert m["mtp/unsynced_engine_draft_step0_equal"] and m["mtp/unsynced_engine_draft_stale_after"]
+    assert [p["step"] for p in m["mtp/arms"]["trained"]] == [0, 1, 2]
+
+
+def test_overlap_or_a_checkpoint_without_held_out_is_not_disjoint():
+    assert summary.summarize(_history(overlap=1), ARMS, (0, 1, 2), eval_held_out=True)["mtp/eval_disjoint"] is False
+    assert summary.summarize(_history(), ARMS, (0, 1, 2), eval_held_out=False)["mtp/eval_disjoint"] is False
+
+
+def test_a_rollout_that_differs_between_arms_is_counted():
+    m = summary.summarize(_history(differ_at=1), ARMS, (0, 1, 2), eval_held_out=True)
+    assert m["mtp/rollouts_identical_step0"] is False and m["mtp/rollouts_identical_fraction"] == pytest.approx(2 / 3)
+
+
+def test_sampling_seeds_are_per_prompt_sample_and_step():
+    cfg = RLConfig(prompts=3, group=2)
+    a, b = sampling_params(3, cfg, (0, 5)), sampling_params(3, cfg, (0, 5))
+    assert a == b and len({p["sampling_seed"] for p in a}) == 6
+    assert {p["sampling_seed"] for p in a}.isdisjoint(p["sampling_seed"] for p in sampling_params(3, cfg, (0, 6)))
+    assert all("sampling_seed" not in p for p in sampling_params(3, cfg, None))
+    assert 0 <= sample_seed(2**40, 7, 1) < 2**62 and sample_seed(1, 2) != sample_seed(2, 1)
+
+
+def test_held_out_problems_never_appear_in_training_draws():
+    task = ArithTask()
+    held = {p.prompt for p in task.evaluation(256)}
+    assert len(held) == 256
+    rng = random.Random(0)
+    for _ in range(20):
+        assert held.isdisjoint(p.prompt for p in task.problems(512, seed=rng.randrange(10**9)))
+    assert task.evaluation_digest() == arith.held_out_digest() != arith.held_out_digest(held_out=100)
+    with pytest.raises(ValueError, match="n=257"):
+        task.evaluation(257)
+    with pytest.raises(ValueError, match="held_out=5000"):
+        ArithTask(held_out=5000)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_draft_objectives_are_distances_to_the_policy(seed):
+    """labkit.trainer.mtp_loss.distance: KL and TV are >= 0 and 0 at q = p; TV matches 1 - sum min(p, q) (the
+    acceptance it stands for); top-k soft CE is minimised by q = p's renormalised top-k; unknown kinds are named."""
+    import torch
+
+    from labkit.trainer.mtp_loss import TOPK, distance
+
+    g = torch.Generator().manual_seed(seed)
+    p, q = (torch.log_softmax(torch.randn(6, 32, generator=g), -1) for _ in range(2))
+    for kind in ("policy", "tv"):
+        assert (distance(p, q, kind) >= 0).all() and distance(p, p, kind).abs().max() < 1e-6
+    assert torch.allclose(distance(p, q, "tv"), 1 - torch.minimum(p.exp(), q.exp()).sum(-1), atol=1e-6)
+    top, idx = p.exp().topk(TOPK, -1)
+    ideal = torch.full_like(p, -30.0).scatter(-1, idx, (top / top.sum(-1, keepdim=True)).log())
+    assert (distance(p, ideal, "topk") <= distance(p, q, "topk") + 1e-6).all()
+    with pytest.raises(ValueError, match="kind='bogus'"):
+        distance(p, q, "bogus")
+
+
+def test_acceptance_by_entropy_splits_the_offline_estimate():
+    """A confident target where the draft agrees and an uncertain one where it does not land in different bins,
+    and the count-weighted pool of the bins is the plain offline estimate."""
+    import torch
+
+    from labkit.mtp.acceptance import by_entropy, offline_accept_rate
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 7, 16, generator=g)
+    logits[:2] *= 20  # near one-hot targets: low entropy
+    mtp = torch.cat([logits[:, 1:], logits[:, :1]], 1).clone()  # q at i = p at i+1: perfect on confident rows
+    mtp[2:] = torch.randn(2, 7, 16, generator=g)
+    mask = torch.ones(4, 7, dtype=torch.long)
+    split = by_entropy(logits, mtp, mask, 1.0)
+    assert sum(c for _, c in split.values()) == 4 * 5
+    low = split["<0.05"]
+    assert low[1] > 0 and low[0] > 0.9
+    high = [v for k, v in split.items() if k.startswith(">=") and v[1]]
+    assert high and high[0][0] < 0.9
+    plain, n = offline_accept_rate(logits, mtp, mask, 1.0)
+    pooled = sum((r or 0.0) * c for r, c in split.values()) / sum(c for _, c in split.values())
+    assert n == 20 and pooled == pytest.approx(plain, abs=1e-6)
