@@ -13,7 +13,9 @@ MurmurHash3 mix in torch integer ops (bit for bit the Triton kernel's arithmetic
 only their low 32 bits are kept); `patch_sampling_seeds` provides (1): every batch carries a seed tensor,
 the request's `sampling_seed` where given, else a fresh draw from torch's generator (which SGLang seeds from
 its `random_seed`), so unseeded requests keep sampling as before. Both are on only where no CUDA device is
-present; on GPU SGLang honours `sampling_seed` under `--enable-deterministic-inference`.
+present. On GPU SGLang honours `sampling_seed` only under `--enable-deterministic-inference` (EngineConfig's
+SGLang kwargs): without it seeded requests are sampled freshly there, and the MTP experiment's
+`mtp/rollouts_identical_*` checks show it.
 
 Limit: SGLang's seeded top-k/top-p path asserts on min_p > 0 (its own TODO); labkit's requests set none.
 """

@@ -175,7 +175,9 @@ ENTROPY_EDGES = (0.05, 0.5, 1.0)  # nats: near-certain target tokens, uncertain 
 def by_entropy(logits, mtp_logits, mask, temperature: float, edges: Sequence[float] = ENTROPY_EDGES) -> dict:
     """The offline acceptance split by the target's entropy at the drafted token (nats, of p at `temperature`):
     {"<0.05": [rate, count], "0.05-0.5": ..., ">=1.0": ...}; bins without a position get [None, 0]. Where the
-    target is nearly certain any draft that learned the trunk agrees; the uncertain tokens are where drafts differ."""
+    target is nearly certain any draft that learned the trunk agrees; the uncertain tokens are where drafts differ.
+    Every counted position weighs the same: the bins pool to `offline_accept_rate` (the `_plain` metric), not to
+    the loop-weighted `offline_loop_rate`."""
     import torch
 
     ov = overlap(logits, mtp_logits, temperature)

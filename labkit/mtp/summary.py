@@ -7,6 +7,7 @@ Pure Python over the rows `labkit.mtp.experiment.run_arm` writes ({"arm", "seed"
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from labkit.mtp import stats
@@ -17,6 +18,11 @@ CURVE_KEYS = {"accept_rate": "mtp/accept_rate", "accept_length": "mtp/accept_len
 
 def _mean(xs: Sequence[float]) -> float:
     return sum(xs) / len(xs)
+
+
+def _num(v) -> bool:
+    """A measured number: not None, not NaN (e.g. an offline estimate over a step with no drafted token)."""
+    return isinstance(v, (int, float)) and not (isinstance(v, float) and math.isnan(v))
 
 
 def per_seed(rows: list[dict], arms: Sequence[str], seed: int) -> dict:
@@ -44,7 +50,7 @@ def curves(history: list[dict], arms: Sequence[str]) -> dict:
             at = [r for r in history if r["arm"] == a and r["step"] == s]
             point: dict = {"step": s}
             for name, key in CURVE_KEYS.items():
-                vals = [r[key] for r in at if r.get(key) is not None]
+                vals = [r[key] for r in at if _num(r.get(key))]
                 mean, ci = stats.mean_ci95(vals) if vals else (None, None)
                 point[name], point[f"{name}_ci95"] = mean, ci
             points.append(point)
@@ -53,10 +59,13 @@ def curves(history: list[dict], arms: Sequence[str]) -> dict:
 
 
 def offline_error(history: list[dict], arms: Sequence[str]) -> dict:
-    """|offline estimate - measured depth-1 acceptance| per step, over the arms whose engine draft is the
-    trainer's (unsynced's engine draft is not what the trainer's forward sees); mean and max, plus pooled."""
+    """|offline estimate - measured depth-1 acceptance| per step; mean and max, plus pooled. Only steps whose
+    measured draft is the trainer's (not unsynced, not a stale draft between cadence syncs: the offline estimate
+    reads the trainer's). The estimate comes from the RL step's rollouts (training prompts), the measurement
+    from the held-out prompts: the error includes that shift of prompts, not only the estimator's."""
     rows = [r for r in history if r["arm"] in arms and r["arm"] != "unsynced"
-            and r.get("mtp/offline_accept_rate") is not None]
+            and r.get("mtp/engine_draft_is_trainers") is not False
+            and _num(r.get("mtp/offline_accept_rate")) and _num(r.get("mtp/accept_rate_pos_1"))]
     if not rows:
         return {}
     errs = [abs(r["mtp/offline_accept_rate"] - r["mtp/accept_rate_pos_1"]) for r in rows]
@@ -75,8 +84,9 @@ def rollouts_identical(history: list[dict], arms: Sequence[str], seeds: Sequence
         for r in history:
             if r["seed"] == seed and r["arm"] in arms:
                 by_step.setdefault(r["step"], set()).add(r.get("rollout/digest"))
-        step0.append(len(by_step.get(0, {None, "x"})) == 1)
-        later += sum(len(d) == 1 for s, d in by_step.items() if s > 0)
+        digests = by_step.get(0, set())
+        step0.append(len(digests) == 1 and None not in digests)  # no digest is no evidence
+        later += sum(len(d) == 1 and None not in d for s, d in by_step.items() if s > 0)
         total += sum(1 for s in by_step if s > 0)
     return {"mtp/rollouts_identical_step0": all(step0),
             "mtp/rollouts_identical_fraction": later / total if total else None}
@@ -95,11 +105,13 @@ def unsynced_engine_draft(history: list[dict]) -> dict:
 
 
 def entropy_split(history: list[dict], arms: Sequence[str]) -> dict:
-    """Per arm, the offline acceptance by target entropy pooled (count-weighted) over the last quarter of steps
-    of every seed: {"mtp/offline_by_entropy_{arm}": {bin: [rate, count]}}."""
+    """Per arm whose measured draft is the trainer's, the offline acceptance by target entropy pooled
+    (count-weighted) over the last quarter of steps of every seed: {"mtp/offline_by_entropy_{arm}": {bin: [rate,
+    count]}}."""
     out = {}
-    for a in arms:
-        rows = [r for r in history if r["arm"] == a and r.get("mtp/offline_by_entropy")]
+    for a in arms:  # not unsynced, nor stale steps: the offline estimate reads the trainer's draft, not theirs
+        rows = [r for r in history if r["arm"] == a and a != "unsynced" and r.get("mtp/offline_by_entropy")
+                and r.get("mtp/engine_draft_is_trainers") is not False]
         last = max((r["step"] for r in rows), default=0)
         tail = [r for r in rows if r["step"] > last - max(1, (last + 1) // 4)]
         pooled: dict = {}

@@ -40,10 +40,20 @@ def _check_held_out(max_operand: int, held_out: int | None) -> int:
 
 @functools.lru_cache(maxsize=8)
 def held_out_pairs(max_operand: int = MAX_OPERAND, held_out: int | None = None) -> tuple[tuple[int, int], ...]:
-    """The (a, b) pairs held out of every training stage, in a fixed order: a seeded sample of all pairs."""
+    """The (a, b) pairs held out of every training stage, in a fixed order: unordered pairs {a, b} drawn by a
+    seeded shuffle, each with both orders (a+b and b+a), so no held-out sum is trained as its commuted twin."""
     held_out = _check_held_out(max_operand, held_out)
-    every = [(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1)]
-    return tuple(random.Random(HELD_OUT_SEED).sample(every, held_out))
+    unordered = [(a, b) for a in range(max_operand + 1) for b in range(a, max_operand + 1)]
+    random.Random(HELD_OUT_SEED).shuffle(unordered)
+    out: list[tuple[int, int]] = []
+    for a, b in unordered:
+        twins = [(a, b)] if a == b else [(a, b), (b, a)]
+        if len(out) + len(twins) > held_out:
+            continue
+        out += twins
+        if len(out) == held_out:
+            break
+    return tuple(out)
 
 
 def held_out_digest(max_operand: int = MAX_OPERAND, held_out: int | None = None) -> str:

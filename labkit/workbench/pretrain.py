@@ -61,8 +61,8 @@ def pretrain(out_dir: str | Path = DEFAULT_DIR, spec: ModelSpec | None = None, s
        (`post_noise`): the policy gets sharper and its hidden states move, the draft does not follow.
     Both stages draw from the task's training problems only: its held-out set (arith.held_out_pairs, named in
     pretrain.json by `pretrain/held_out_digest`) is never seen, so evaluations on it are held out.
-    So RL starts with room to move the policy (greedy accuracy 0.94 on the held-out problems, T=1 reward ~0.74)
-    and a useful but stale draft (T=1 accept rate ~0.73; ~0.80 after 60 RL steps of MTP training:
+    So RL starts with room to move the policy (greedy accuracy 0.91 on the held-out problems, T=1 reward ~0.69)
+    and a useful but stale draft (T=1 accept rate ~0.80; ~0.85 after 60 RL steps of MTP training:
     data/mtp_experiment_cpu.json).
     """
     import tempfile
