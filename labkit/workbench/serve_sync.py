@@ -59,8 +59,11 @@ class ServeBenchConfig:
     """Small buckets: a sync long enough to overlap requests."""
     timeout_s: float = 30.0
     """One engine call / one wait."""
-    lr: float = 2e-2
-    """The trainer's: syncs must change greedy outputs (serve/prompts_changed_*)."""
+    lr: float = 1e-4
+    """The trainer's: syncs must change greedy outputs (serve/prompts_changed_*). Small on purpose: on the random
+    tiny model a large step (2e-2, 2e-3) collapses every greedy output to one token (EOS) within a step or two,
+    after which syncs change nothing and a mixed response could not be seen; at 1e-4, 6-8 of 8 prompts changed
+    per step over 6 steps (measured). Which prompts collapse first depends on the training draws."""
     backend: Backend = "http"
     """http (an SGLang server; pause modes apply) or actor (Workbench's Ray actor engine)."""
 
@@ -187,7 +190,7 @@ def run(cfg: ServeBenchConfig | None = None, model_dir: str | None = None, progr
         model = model_dir or str(make_tiny_mimo(Path(tmp) / "tiny", SPEC))
         ecfg = EngineConfig(model_dir=model, dtype="float32", max_total_tokens=4096, mem_fraction_static=0.05,
                             call_timeout_s=cfg.timeout_s)
-        # A large lr: every sync must change some greedy outputs, or a mixed response could not be told apart
+        # Every sync must change some greedy outputs, or a mixed response could not be told apart (see cfg.lr)
         if cfg.backend == "http":
             server = EngineHandle.launch(ecfg)
             wb = Workbench(model, engine_cfg=ecfg, engine_url=server.url, train_cfg=TrainConfig(lr=cfg.lr))

@@ -73,6 +73,8 @@ def test_a_local_start_never_attaches_to_a_stale_ray_start_cluster(monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", fake_init)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)  # the real one would stop the session's own Ray (CI runs
+    # the unit tests in the same process after the integration tests, whose engine fixture outlives them)
     monkeypatch.setattr(runtime, "local_security", lambda: {})
     try:
         runtime.init()
