@@ -201,6 +201,7 @@ def run(cfg: ExperimentConfig | None = None, *, quick: bool = False, model_dir: 
     metrics = summary.summarize(history, cfg.arms, cfg.seeds,
                                 eval_held_out=held_out and checkpoint_held_out(model_dir, task))
     metrics.update({"mtp/k": cfg.k, "mtp/steps": cfg.steps, "mtp/spec_temperature": cfg.spec_temperature,
+                    "mtp/target": cfg.rl.train.mtp_target, "mtp/draft_sync_every": cfg.draft_sync_every,
                     "timing/mtp_experiment/total": round(time.perf_counter() - t0, 1)})
     return {"history": history, "metrics": metrics}
 

@@ -78,6 +78,8 @@ def offline_error(history: list[dict], arms: Sequence[str]) -> dict:
 def rollouts_identical(history: list[dict], arms: Sequence[str], seeds: Sequence[int]) -> dict:
     """Do the arms of a seed see token-identical rollouts? At step 0 (equal weights) they must; later they do
     as long as the trunks stay equal (the draft cannot move the policy)."""
+    if len(arms) < 2:  # one arm compares with nothing: no evidence either way
+        return {"mtp/rollouts_identical_step0": None, "mtp/rollouts_identical_fraction": None}
     step0, later, total = [], 0, 0
     for seed in seeds:
         by_step: dict = {}

@@ -10,6 +10,7 @@ import json
 import re
 from pathlib import Path
 
+from labkit.mtp import stats
 from labkit.sync.roofline import fmt_seconds as _secs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,6 +139,10 @@ def roofline_models_table(run: dict) -> list[str]:
     return lines + ["", note]
 
 
+def _pct(x) -> str:
+    return "n/a (one arm)" if x is None else f"{x:.0%}"
+
+
 def _ci(mean, ci) -> str:
     return f"{mean:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else " (one seed: no interval)")
 
@@ -164,7 +169,7 @@ def mtp_table(run: dict) -> list[str]:
                      f"{m.get('mtp/unsynced_engine_draft_stale_after')}")
     lines.append(f"- evaluation on held-out problems, disjoint from pretraining and RL (`mtp/eval_disjoint`): "
                  f"{m['mtp/eval_disjoint']}; rollouts token-identical across arms at step 0: "
-                 f"{m['mtp/rollouts_identical_step0']}, at later steps: {m['mtp/rollouts_identical_fraction']:.0%}")
+                 f"{m['mtp/rollouts_identical_step0']}, at later steps: {_pct(m['mtp/rollouts_identical_fraction'])}")
     if "mtp/offline_err_step_mean" in m:
         lines.append(f"- offline estimate's error per step: mean {m['mtp/offline_err_step_mean']:.3f}, "
                      f"max {m['mtp/offline_err_step_max']:.3f}")
@@ -175,7 +180,26 @@ def mtp_table(run: dict) -> list[str]:
     return lines
 
 
-TABLES = {"mtp": ("mtp_experiment_cpu.json", mtp_table), "faults": ("faults_cpu.json", faults_table),
+def mtp_objectives_table(run: dict) -> list[str]:
+    """The trained arm under each draft objective, paired by seed with the default run's frozen arm (the same
+    rollouts: the draft cannot move the policy, and sampling is seeded)."""
+    frozen = {s["mtp/seed"]: s["mtp/final_accept_rate_frozen"] for s in run["baseline"]["metrics"]["mtp/per_seed"]}
+    head = ["objective (`--mtp-target`)", "cadence", "final accept rate, mean [95 % CI]", "last quarter",
+            "trained − frozen, paired [95 % CI]", "seeds"]
+    lines = [_row(head), _row(["---"] * len(head))]
+    for _, r in run["runs"]:
+        m, per = r.get("metrics", r), r.get("metrics", r)["mtp/per_seed"]
+        seeds = [s["mtp/seed"] for s in per]
+        diff = stats.paired([s["mtp/final_accept_rate_trained"] for s in per], [frozen[x] for x in seeds])
+        lines.append(_row([m["mtp/target"], f"every {m['mtp/draft_sync_every']} step(s)",
+                           _ci(m["mtp/final_accept_rate_trained_mean"], m["mtp/final_accept_rate_trained_ci95"]),
+                           _ci(m["mtp/tail_accept_rate_trained_mean"], m["mtp/tail_accept_rate_trained_ci95"]),
+                           _ci(*diff), ", ".join(map(str, seeds))]))
+    return lines
+
+
+TABLES = {"mtp": ("mtp_experiment_cpu.json", mtp_table),
+          "mtp-objectives": ("mtp_objective_*.json", mtp_objectives_table), "faults": ("faults_cpu.json", faults_table),
           "serve-sync": ("bench_serve_sync_cpu.json", serve_table),
           "bench-sync": ("bench_sync_cpu.json", bench_table), "bench-delta": ("bench_delta_cpu.json", delta_table),
           "roofline": ("roofline_published.json", roofline_table),
@@ -184,6 +208,12 @@ TABLES = {"mtp": ("mtp_experiment_cpu.json", mtp_table), "faults": ("faults_cpu.
 
 def render(name: str, data_dir: Path) -> str:
     file, fn = TABLES[name]
+    if "*" in file:  # several runs, each with its own command, beside the default MTP run they pair with
+        runs = [(p.name, json.loads(p.read_text())) for p in sorted(data_dir.glob(file))]
+        base = json.loads((data_dir / "mtp_experiment_cpu.json").read_text())
+        made = "; ".join(f"`data/{f}` by `{r.get('command', '?')}`" for f, r in runs)
+        return "\n".join([*fn({"runs": runs, "baseline": base}), "", f"(from {made}; frozen from "
+                          f"`data/mtp_experiment_cpu.json`; regenerate with `labkit report`)"])
     run = json.loads((data_dir / file).read_text())
     cmd = run.get("command", "?")
     return "\n".join([*fn(run), "", f"(from `data/{file}`, made by `{cmd}`; regenerate with `labkit report`)"])
@@ -196,7 +226,7 @@ def update(readme: Path = ROOT / "README.md", data_dir: Path = ROOT / "data", ch
     for name, (file, _) in TABLES.items():
         pat = re.compile(rf"(<!-- table:{re.escape(name)} -->\n)(.*?)(<!-- /table:{re.escape(name)} -->)", re.S)
         m = pat.search(text)
-        if m is None or not (data_dir / file).exists():
+        if m is None or not (any(data_dir.glob(file)) if "*" in file else (data_dir / file).exists()):
             continue
         body = render(name, data_dir) + "\n"
         if m.group(2) != body:

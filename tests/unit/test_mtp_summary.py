@@ -178,3 +178,10 @@ def test_acceptance_by_entropy_splits_the_offline_estimate():
     plain, n = offline_accept_rate(logits, mtp, mask, 1.0)
     pooled = sum((r or 0.0) * c for r, c in split.values()) / sum(c for _, c in split.values())
     assert n == 20 and pooled == pytest.approx(plain, abs=1e-6)
+
+
+def test_one_arm_claims_nothing_about_identical_rollouts():
+    h = [r for r in _history() if r["arm"] == "trained"]
+    m = summary.summarize(h, ("trained",), (0, 1, 2), eval_held_out=True)
+    assert m["mtp/rollouts_identical_step0"] is None and m["mtp/rollouts_identical_fraction"] is None
+    assert "mtp/diff_trained_frozen_mean" not in m and "mtp/unsynced_lowest_all_seeds" not in m
