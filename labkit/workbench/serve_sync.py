@@ -62,8 +62,8 @@ class ServeBenchConfig:
     lr: float = 1e-4
     """The trainer's: syncs must change greedy outputs (serve/prompts_changed_*). Small on purpose: on the random
     tiny model a large step (2e-2, 2e-3) collapses every greedy output to one token (EOS) within a step or two,
-    after which syncs change nothing and a mixed response could not be seen; at 1e-4, 6-8 of 8 prompts changed
-    per step over 6 steps (measured). Which prompts collapse first depends on the training draws."""
+    after which syncs change nothing and a mixed response could not be seen; at 1e-4 every sync of the stored
+    run changed at least 6 of its 8 prompts (data/bench_serve_sync_cpu.json, serve/prompts_changed_per_sync_min)."""
     backend: Backend = "http"
     """http (an SGLang server; pause modes apply) or actor (Workbench's Ray actor engine)."""
 
