@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
 from labkit.cli_io import COMMAND, emit, write_run
 from labkit.cli_research import add_research_commands
