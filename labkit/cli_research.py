@@ -26,6 +26,7 @@ def cmd_mtp_experiment(args) -> int:
     arms = tuple(a.strip() for a in args.arms.split(",")) if args.arms else None
     cfg = ex.with_overrides(base, steps=args.steps, arms=arms, k=args.k, spec_temperature=args.temperature,
                             eval_prompts=args.eval_prompts, draft_sync_every=args.draft_sync_every,
+                            pre_rl_steps=args.pre_rl_steps,
                             seeds=_int_list("--seeds", args.seeds), prompts=args.prompts, group=args.group,
                             lr=args.lr, mtp_lr_mult=args.mtp_lr_mult, mtp_target=args.mtp_target,
                             mtp_clip=args.mtp_clip)
@@ -68,6 +69,8 @@ def add_research_commands(sub) -> None:
                   keep=True)
     d.add_argument("--draft-sync-every", type=int, default=None, help="cadence: the trained arms' syncs carry the "
                    "draft every N-th step only (default 1)")
+    d.add_argument("--pre-rl-steps", type=int, default=None, help="MTP-only steps on the initial policy's rollouts "
+                   "before RL, every arm's draft starting there (Bebop; with --arms frozen: the pre-RL-only cadence)")
     d.add_argument("--seeds", default=None, help="comma-separated seeds, one run of every arm each (default 0,1,2; "
                    "--quick: 0); the JSON gives means and 95%% intervals over them")
     d.add_argument("--model", default=None, help="HF model directory (default: data/tiny-mimo)")

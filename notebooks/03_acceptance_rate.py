@@ -18,6 +18,10 @@
 # - **unsynced**: trained, but the syncs leave the draft layers out; the engine's draft stays as at step 0 and is
 #   read back from the engine for the measurement.
 #
+# Options compare what the draft learns (`MTP_TARGET`) and when: every step, every N-th sync (`DRAFT_SYNC_EVERY`),
+# or before RL only (`PRE_RL_STEPS` > 0 with ARMS `frozen`, Bebop). Sweep one over seeds headless:
+# `labkit notebook sweep 03_acceptance_rate --over MTP_TARGET -p MTP_TARGET tokens,policy,topk,tv -p ARMS trained`.
+#
 # Acceptance is measured on the task's held-out problems (never drawn by pretraining or RL).
 # Every step, labkit's speculative decoder (`labkit.mtp.speculative`, the MTP head chained as the draft, verified
 # by the target with rejection sampling) measures acceptance over the exported weights the engine serves; the
@@ -41,6 +45,7 @@ GROUP = 4  # samples per prompt (GRPO group)
 MTP_LR_MULT = 5.0  # the draft's learning rate over the policy's
 MTP_TARGET = "tokens"  # the draft's objective: tokens (sampled-token CE), policy (KL), topk (SkyRL), tv (Bebop)
 DRAFT_SYNC_EVERY = 1  # cadence: the draft rides along every N-th sync
+PRE_RL_STEPS = 0  # MTP-only steps on the initial policy's rollouts before RL (Bebop); with ARMS "frozen": pre-RL only
 SEED = 0  # the standalone run's sampling seed
 SEEDS = "0,1,2"  # one run of every arm per seed
 QUICK = False  # a few seconds per step, one seed: the numbers mean little
@@ -54,7 +59,8 @@ nb.check_params(globals(), {
     "ARMS": nb.Subset.of(ExperimentConfig, "arms"), "STEPS": nb.Int(1, 500), "SPEC_K": nb.Int(1, 8), "K": nb.Int(1, 8),
     "TEMPERATURE": nb.Float(0.0, 2.0), "EVAL_PROMPTS": nb.Int(1, 256), "PROMPTS": nb.Int(1, 512),
     "GROUP": nb.Int(2, 64), "MTP_LR_MULT": nb.Float(0.01, 100.0),
-    "MTP_TARGET": nb.Choice.of(TrainConfig, "mtp_target"), "DRAFT_SYNC_EVERY": nb.Int(1, 500), "SEED": nb.Int(0),
+    "MTP_TARGET": nb.Choice.of(TrainConfig, "mtp_target"), "DRAFT_SYNC_EVERY": nb.Int(1, 500),
+    "PRE_RL_STEPS": nb.Int(0, 500), "SEED": nb.Int(0),
     "SEEDS": nb.Ints(), "QUICK": nb.Bool(), "INTERACTIVE": nb.Bool()});
 
 # %% [markdown]
@@ -77,7 +83,7 @@ nb.show(viz.per_position(spec["metrics"]), name="per_position", interactive=INTE
 # %%
 base = experiment.ExperimentConfig.quick() if QUICK else experiment.ExperimentConfig()
 cfg = experiment.with_overrides(base, arms=tuple(a.strip() for a in ARMS.split(",")), k=K,
-                                spec_temperature=TEMPERATURE, **({} if QUICK else dict(
+                                spec_temperature=TEMPERATURE, pre_rl_steps=PRE_RL_STEPS, **({} if QUICK else dict(
                                     seeds=tuple(int(s) for s in SEEDS.split(",")),
                                     steps=STEPS, eval_prompts=EVAL_PROMPTS, prompts=PROMPTS, group=GROUP,
                                     mtp_lr_mult=MTP_LR_MULT, mtp_target=MTP_TARGET,

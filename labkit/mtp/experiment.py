@@ -25,6 +25,7 @@ offline estimate predicts. Across seeds: labkit.mtp.summary, labkit.mtp.stats.
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -36,15 +37,15 @@ from labkit.config import ParallelSpec, TrainConfig, check
 from labkit.engine import EngineConfig, EngineHandle
 from labkit.models.hf import read_config_json
 from labkit.models.tiny import default_model_dir
-from labkit.mtp import rl, summary
+from labkit.mtp import rl, summary, warmup
 from labkit.mtp.acceptance import expected_accept_length
 from labkit.mtp.rl import RLConfig
+from labkit.mtp.warmup import DRAFT_LAYERS
 from labkit.sync import SyncConfig, sync
 from labkit.tasks import ArithTask
 
 Arm = Literal["frozen", "trained", "unsynced"]
 ARMS = get_args(Arm)
-DRAFT_LAYERS = (".mtp_layers.",)  # HF names of the draft's own layers (MiMo naming)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -60,6 +61,10 @@ class ExperimentConfig:
     draft_sync_every: int = 1
     """Cadence: the trained arms' syncs carry the draft layers every N-th step only (1: every step); with N > 1
     acceptance uses the draft read back from the engine, stale between its syncs."""
+    pre_rl_steps: int = 0
+    """MTP-only steps on the initial policy's own rollouts before RL (labkit.mtp.warmup, Bebop): every arm's draft
+    starts there, the trunk stays the checkpoint's. arms=("frozen",) with pre_rl_steps > 0 is the pre-RL-only
+    cadence."""
     rl: RLConfig = field(default_factory=RLConfig)
 
     def __post_init__(self) -> None:
@@ -76,6 +81,10 @@ class ExperimentConfig:
               "seeds", self.seeds, "a non-empty tuple of distinct integers >= 0")
         check(isinstance(self.draft_sync_every, int) and not isinstance(self.draft_sync_every, bool)
               and self.draft_sync_every >= 1, "draft_sync_every", self.draft_sync_every, "an integer >= 1")
+        check(isinstance(self.pre_rl_steps, int) and not isinstance(self.pre_rl_steps, bool)
+              and self.pre_rl_steps >= 0, "pre_rl_steps", self.pre_rl_steps, "an integer >= 0")
+        check(self.pre_rl_steps == 0 or self.rl.train.mtp_loss_scale > 0, "pre_rl_steps", self.pre_rl_steps,
+              "0 when mtp_loss_scale is 0 (nothing would train the draft)")
 
     @classmethod
     def quick(cls, **kw) -> ExperimentConfig:
@@ -174,6 +183,20 @@ def run_arm(arm: str, engine, placement, model_dir: str, cfg: ExperimentConfig, 
     return rows
 
 
+def run_seed(seed: int, engine, placement, model_dir: str, cfg: ExperimentConfig, task, progress: bool = True
+             ) -> tuple[list[dict], dict | None]:
+    """Every arm of one seed: (rows, the pre-RL draft phase's record or None). With `cfg.pre_rl_steps` the arms
+    start from the checkpoint the phase writes (a temporary copy: same trunk, pre-trained draft)."""
+    with tempfile.TemporaryDirectory(prefix="labkit-pre-rl-") as tmp:
+        pre, start = None, model_dir
+        if cfg.pre_rl_steps:
+            held = {p.prompt for p in evaluation_set(task, cfg.eval_prompts)[0]}
+            pre = warmup.pretrain_draft(model_dir, engine, placement, cfg, seed, task, held, tmp, progress)
+            start = pre["model_dir"]
+        rows = [r for arm in cfg.arms for r in run_arm(arm, engine, placement, start, cfg, seed, progress, task)]
+    return rows, pre
+
+
 def run(cfg: ExperimentConfig | None = None, *, quick: bool = False, model_dir: str | None = None,
         progress: bool = True, task=None) -> dict:
     """Every seed x arm on one engine (`task`: a labkit.tasks.Task, default arithmetic); returns {"history":
@@ -192,14 +215,17 @@ def run(cfg: ExperimentConfig | None = None, *, quick: bool = False, model_dir: 
         engine = EngineHandle.start(EngineConfig(model_dir=model_dir, dtype="float32", max_total_tokens=8192,
                                                  mem_fraction_static=0.05),
                                     scheduling_strategy=placement.strategy("engine:0"))
-        history = [r for seed in cfg.seeds for arm in cfg.arms
-                   for r in run_arm(arm, engine, placement, model_dir, cfg, seed, progress, task)]
+        runs = [run_seed(seed, engine, placement, model_dir, cfg, task, progress) for seed in cfg.seeds]
     finally:
         if engine is not None:
             engine.shutdown()
         placement.remove()
+    history = [r for rows, _ in runs for r in rows]
+    pre_rl = [p for _, p in runs if p is not None]
     metrics = summary.summarize(history, cfg.arms, cfg.seeds,
                                 eval_held_out=held_out and checkpoint_held_out(model_dir, task))
+    metrics.update(summary.pre_rl(pre_rl, cfg.pre_rl_steps))
+    metrics["mtp/eval_disjoint"] = metrics["mtp/eval_disjoint"] and not metrics.get("mtp/pre_rl_eval_overlap")
     metrics.update({"mtp/k": cfg.k, "mtp/steps": cfg.steps, "mtp/spec_temperature": cfg.spec_temperature,
                     "mtp/target": cfg.rl.train.mtp_target, "mtp/draft_sync_every": cfg.draft_sync_every,
                     "timing/mtp_experiment/total": round(time.perf_counter() - t0, 1)})

@@ -184,8 +184,9 @@ def lr_at(cfg: RLConfig, step: int) -> float:
 def step(trainer, engine, problems, cfg: RLConfig, *, step_index: int = 0, eval_problems=None, train: bool = True,
          sync_cfg=None,
          exclude: tuple[str, ...] = (), spec_temperature: float = 1.0, spec_k: int = 1, task=None,
-         seed: tuple[int, ...] | None = None) -> dict:
-    """One RL step; returns its metrics. `train=False` measures only (the last point of a run).
+         seed: tuple[int, ...] | None = None, mtp_only: bool = False) -> dict:
+    """One RL step; returns its metrics. `train=False` measures only (the last point of a run); `mtp_only`
+    trains the draft alone (the policy loss zeroed: labkit.mtp.warmup).
 
     train/reward: mean reward of this step's rollouts; train/accuracy: greedy accuracy on `eval_problems`;
     mtp/offline_accept_rate: the depth-1 acceptance a k-draft loop would see, from this step's forward
@@ -193,7 +194,6 @@ def step(trainer, engine, problems, cfg: RLConfig, *, step_index: int = 0, eval_
     rollouts' tokens (`seed`: per-request sampling seeds, see `sampling_params`).
     """
     import torch
-
 
     rows = rollout(engine, problems, cfg, task, seed)
     rewards = [r["reward"] for r in rows]
@@ -215,7 +215,7 @@ def step(trainer, engine, problems, cfg: RLConfig, *, step_index: int = 0, eval_
         return m
     adv = torch.tensor(advantages(rewards, cfg.group))
     trainer.set_lr(lr_at(cfg, step_index))
-    t = trainer.train_step(tokens, mask, weights=adv)
+    t = trainer.train_step(tokens, mask, weights=adv, mtp_only=mtp_only)
     m.update({k: t[k] for k in ("train/loss", "mtp/loss", "mtp/kl", "train/grad_norm") if k in t})
 
     s = sync(trainer, engine, sync_cfg or SyncConfig(progress=False), exclude=exclude)

@@ -126,6 +126,22 @@ def entropy_split(history: list[dict], arms: Sequence[str]) -> dict:
     return out
 
 
+def pre_rl(runs: list[dict], steps: int) -> dict:
+    """The pre-RL draft phase over seeds (labkit.mtp.warmup): did the trunk stay the checkpoint's in every seed,
+    did any warm-up step draw a held-out prompt, and the MTP loss at its first and last step (means)."""
+    out: dict = {"mtp/pre_rl_steps": steps}
+    if not runs:
+        return out
+    ms = [r["metrics"] for r in runs]
+    firsts = [m["mtp/pre_rl_loss_first"] for m in ms if _num(m["mtp/pre_rl_loss_first"])]
+    lasts = [m["mtp/pre_rl_loss_last"] for m in ms if _num(m["mtp/pre_rl_loss_last"])]
+    out.update({"mtp/pre_rl_trunk_unchanged": all(m["mtp/pre_rl_trunk_unchanged"] for m in ms),
+                "mtp/pre_rl_eval_overlap": sum(r.get("rl/eval_overlap", 0) for run in runs for r in run["rows"]),
+                "mtp/pre_rl_loss_first": _mean(firsts) if firsts else None,
+                "mtp/pre_rl_loss_last": _mean(lasts) if lasts else None})
+    return out
+
+
 def summarize(history: list[dict], arms: Sequence[str], seeds: Sequence[int], eval_held_out: bool) -> dict:
     """The JSON `labkit mtp-experiment` prints. `eval_held_out`: the eval problems are the task's held-out set
     and the checkpoint records it as excluded from pretraining; mtp/eval_disjoint adds that no RL step drew one."""

@@ -2,6 +2,7 @@
 
     labkit notebook run NAME [-p KEY VALUE]... [--json]      -> runs/<UTC time>-NAME/
     labkit notebook sweep NAME -p KEY v1,v2,... [--json]     -> runs/<UTC time>-NAME-sweep-KEY/ + summary.csv/.html
+    labkit notebook sweep NAME --over KEY -p KEY v1,v2 -p SEEDS 0,1,2 [--save data/F.json]
     labkit notebook list | check
 
 A run folder holds the executed notebook, metrics.json (everything the notebook passed to labkit.workbench.nb.record)
@@ -17,6 +18,7 @@ import csv
 import json
 import os
 import re
+import shlex
 import sys
 import tempfile
 import time
@@ -25,7 +27,8 @@ from pathlib import Path
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 SUMMARY_KEYS = ("timing/sync/total", "sync/gbps", "sync/peak_extra_bytes", "rollout/reward_after",
-                "rollout/logprob_max_abs_diff_synced", "mtp/final_accept_rate_trained", "tune/best_seconds")
+                "rollout/logprob_max_abs_diff_synced", "tune/best_seconds")
+TAIL_ACCEPT = re.compile(r"mtp/tail_accept_rate_\w+_mean")  # notebook 03: every arm's last-quarter acceptance
 
 
 class NotebookError(RuntimeError):
@@ -53,11 +56,13 @@ def resolve(name: str) -> Path:
 
 
 def parse_value(text: str):
-    """CLI value -> Python literal when it is one (3, 0.5, True, None, "x"), else the plain string."""
+    """CLI value -> Python scalar literal when it is one (3, 0.5, True, None, "x"), else the plain string: "0,1,2"
+    stays the string the notebook's comma-list parameters take (literal_eval would make it a tuple)."""
     try:
-        return ast.literal_eval(text)
+        v = ast.literal_eval(text)
     except (ValueError, SyntaxError):
         return text
+    return v if _scalar(v) else text
 
 
 def _ipc_kernel(sockets: str):
@@ -153,24 +158,33 @@ def _failed_cell_tags(path: Path) -> tuple:
 
 
 def sweep(name: str, key: str, values: list, params: dict | None = None, out_root: str | Path = "runs",
-          timeout: int | None = 1800) -> dict:
-    """One run per value of `key`; writes summary.csv and summary.html (one panel per headline metric).
+          timeout: int | None = 1800, save: str | Path | None = None, command: str | None = None) -> dict:
+    """One run per value of `key`; writes summary.csv and summary.html (one panel per headline metric, with its
+    95 % interval where the notebook records one).
 
-    A failing run becomes a row with its error; the sweep goes on. Returns rows, paths and the failure count.
+    A failing run becomes a row with its error; the sweep goes on. `save`: also a JSON file with the command and
+    every run's whole record (lists too, e.g. per-seed rows), for results that are quoted (data/). Returns rows,
+    paths and the failure count.
     """
     from labkit.workbench import viz
 
     src = resolve(name)
     root = _new_dir(Path(out_root), f"{src.stem}-sweep-{_slug(key)}")
-    rows = []
+    rows, records = [], []
     for v in values:
         row = {key: v}
         try:
             m = run(src.stem, {**(params or {}), key: v}, out_root=root, tag=f"{key}={v}", timeout=timeout)
-            row.update({"status": "ok", **{k: x for k, x in m.items() if _scalar(x)}})
+            row.update({"status": "ok", **{k: x for k, x in m.items() if _scalar(x) or _interval(k, x)}})
+            records.append({key: v, "status": "ok", **m})
         except NotebookError as e:
             row.update({"status": "error", "error": f"{e.ename}: {e.evalue}", "notebook/out_dir": e.out_dir})
+            records.append(dict(row))
         rows.append(row)
+    if save:
+        Path(save).parent.mkdir(parents=True, exist_ok=True)
+        Path(save).write_text(json.dumps({"command": command, "notebook": src.stem, "key": key, "values": values,
+                                          "params": params or {}, "rows": records}, indent=1, default=str))
     cols = list(dict.fromkeys(k for r in rows for k in r))
     with open(root / "summary.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols)
@@ -178,15 +192,22 @@ def sweep(name: str, key: str, values: list, params: dict | None = None, out_roo
         w.writerows(rows)
     numeric = [k for k in cols if any(isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)
                                       for r in rows) and k != key]
-    shown = [k for k in SUMMARY_KEYS if k in numeric] or [k for k in numeric if not k.startswith("notebook/")][:3]
+    shown = [k for k in SUMMARY_KEYS if k in numeric] + [k for k in numeric if TAIL_ACCEPT.fullmatch(k)]
+    shown = shown or [k for k in numeric if not k.startswith("notebook/")][:3]
     fig = viz.sweep_summary(rows, key, shown + ["notebook/seconds"], title=f"{src.stem}: sweep over {key}")
     saved = viz.save(fig, root / "summary")
     return {"sweep/out_dir": str(root), "sweep/summary_csv": str(root / "summary.csv"), "sweep/figure": saved["html"],
-            "sweep/failed": sum(r["status"] != "ok" for r in rows), "sweep/rows": rows}
+            "sweep/failed": sum(r["status"] != "ok" for r in rows), "sweep/saved": str(save) if save else None,
+            "sweep/rows": rows}
 
 
 def _scalar(x) -> bool:
     return x is None or isinstance(x, (bool, int, float, str))
+
+
+def _interval(key: str, x) -> bool:
+    """A `<metric>_ci95` value, [low, high]: kept so the summary can draw it."""
+    return key.endswith("_ci95") and isinstance(x, list) and len(x) == 2 and all(isinstance(v, (int, float)) for v in x)
 
 
 def check_pairs(folder: Path = NOTEBOOKS) -> list[str]:
@@ -232,6 +253,11 @@ def build_parser() -> argparse.ArgumentParser:
         d.add_argument("--out-root", default="runs")
         d.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
         d.add_argument("--json", action="store_true")
+        if action == "sweep":
+            d.add_argument("--over", default=None, metavar="KEY", help="the swept parameter (its VALUE is split on "
+                           "commas; other comma values, e.g. -p SEEDS 0,1,2, pass whole); default: the one comma list")
+            d.add_argument("--save", default=None, metavar="FILE", help="also write the command and every run's "
+                           "whole record as JSON (e.g. data/<name>.json, for results that are quoted)")
     sub.add_parser("list", help="the notebooks")
     sub.add_parser("check", help="paired .py files in sync and outputs stripped")
     return p
@@ -245,6 +271,18 @@ def _emit(obj: dict, as_json: bool) -> None:
         for k, v in obj.items():
             if k != "sweep/rows":
                 print(f"{k:<40} {v}")
+
+
+def _swept(param: list, over: str | None) -> str:
+    """The swept key: --over KEY (which must be given with -p), else the only -p whose value is a comma list."""
+    if over is not None:
+        if over not in dict(param):
+            raise ValueError(f"--over {over}: no -p {over} v1,v2,... gives its values")
+        return over
+    swept = [k for k, v in param if "," in v]
+    if len(swept) != 1:
+        raise ValueError(f"sweep needs exactly one -p KEY v1,v2,... or --over KEY (got {len(swept)} comma lists)")
+    return swept[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -264,13 +302,12 @@ def main(argv: list[str] | None = None) -> int:
             if not args.json:
                 print(f"\noutputs: {m['notebook/out_dir']}")
             return 0
-        swept = [k for k, v in args.param if "," in v]
-        if len(swept) != 1:
-            raise ValueError(f"sweep needs exactly one -p KEY v1,v2,... (got {len(swept)} comma lists)")
-        key = swept[0]
+        key = _swept(args.param, args.over)
         values = [parse_value(x.strip()) for x in dict(args.param)[key].split(",") if x.strip()]
         fixed = {k: v for k, v in params.items() if k != key}
-        res = sweep(args.name, key, values, fixed, out_root=args.out_root, timeout=args.timeout)
+        command = "labkit notebook " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+        res = sweep(args.name, key, values, fixed, out_root=args.out_root, timeout=args.timeout, save=args.save,
+                    command=command)
         _emit(res, args.json)
         return 1 if res["sweep/failed"] else 0
     except (ValueError, NotebookError) as e:

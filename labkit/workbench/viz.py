@@ -219,14 +219,23 @@ def logprob_agreement(groups: dict, title: str = "Log-prob agreement: trainer vs
 
 
 def sweep_summary(rows: list[dict], key: str, metrics: list[str], title: str | None = None) -> go.Figure:
-    """One panel per metric against the swept parameter's values (labkit notebook sweep)."""
+    """One panel per metric against the swept parameter's values (labkit notebook sweep); a `<m>_mean` metric
+    whose rows carry `<m>_ci95` ([low, high]) gets error bars."""
     from plotly.subplots import make_subplots
 
     metrics = metrics or ["notebook/seconds"]
     fig = make_subplots(rows=len(metrics), cols=1, subplot_titles=metrics, shared_xaxes=True)
     xs = [str(r.get(key)) for r in rows]
     for i, k in enumerate(metrics, start=1):
-        fig.add_scatter(x=xs, y=[r.get(k) for r in rows], mode="lines+markers", name=k, row=i, col=1)
+        ys = [r.get(k) for r in rows]
+        cis = [r.get(k[:-len("_mean")] + "_ci95") if k.endswith("_mean") else None for r in rows]
+        err = None
+        if any(isinstance(c, list) for c in cis):
+            err = dict(type="data", symmetric=False,
+                       array=[c[1] - y if isinstance(c, list) and y is not None else None for c, y in zip(cis, ys)],
+                       arrayminus=[y - c[0] if isinstance(c, list) and y is not None else None
+                                   for c, y in zip(cis, ys)])
+        fig.add_scatter(x=xs, y=ys, error_y=err, mode="lines+markers", name=k, row=i, col=1)
     fig.update_xaxes(title_text=key, type="category", row=len(metrics), col=1)
     fig.update_layout(title=title or f"sweep over {key}", height=220 + 200 * len(metrics), showlegend=False)
     return fig

@@ -125,6 +125,7 @@ def test_resolve_and_parse_value():
         notebook.resolve("99")
     assert [notebook.parse_value(x) for x in ("3", "0.5", "False", "colocated", "'x'")] == [3, 0.5, False,
                                                                                            "colocated", "x"]
+    assert notebook.parse_value("0,1,2") == "0,1,2"  # a comma list stays the string SEEDS takes, not a tuple
 
 
 def _fake_run(name, params, out_root="runs", tag=None, **kw):
@@ -146,6 +147,40 @@ def test_sweep_writes_summary_table_and_figure(tmp_path, monkeypatch, capsys):
     assert [r["BUCKET_MB"] for r in rows] == ["0.5", "1", "-1"] and [r["status"] for r in rows] == ["ok", "ok", "error"]
     assert "BUCKET_MB=-1 is invalid" in rows[2]["error"] and "tune/curve" not in rows[0]
     assert res["sweep/figure"].endswith("summary.html") and res["sweep/failed"] == 1
+
+
+def _fake_mtp_run(name, params, out_root="runs", tag=None, **kw):
+    out = notebook._new_dir(__import__("pathlib").Path(out_root), f"{name}-{tag}")
+    m = {"tokens": 0.80, "tv": 0.85}[params["MTP_TARGET"]]
+    return {"mtp/tail_accept_rate_trained_mean": m, "mtp/tail_accept_rate_trained_ci95": [m - 0.02, m + 0.01],
+            "mtp/per_seed": [{"mtp/seed": int(s)} for s in params["SEEDS"].split(",")], "notebook/seconds": 1.0,
+            "notebook/out_dir": str(out)}
+
+
+def test_sweep_over_one_key_keeps_other_comma_values_and_saves_records(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(notebook, "run", _fake_mtp_run)
+    saved = tmp_path / "data" / "sweep.json"
+    argv = ["sweep", "03", "--over", "MTP_TARGET", "-p", "MTP_TARGET", "tokens,tv", "-p", "SEEDS", "0,1,2",
+            "--out-root", str(tmp_path), "--save", str(saved), "--json"]
+    assert notebook.main(argv) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    rec = json.loads(saved.read_text())
+    assert rec["key"] == "MTP_TARGET" and rec["values"] == ["tokens", "tv"] and rec["params"]["SEEDS"] == "0,1,2"
+    assert rec["command"] == "labkit notebook " + " ".join(argv)  # the stored run says how it was made
+    assert [len(r["mtp/per_seed"]) for r in rec["rows"]] == [3, 3]  # whole records: lists survive
+    assert res["sweep/saved"] == str(saved)
+    with open(res["sweep/summary_csv"]) as f:
+        rows = list(csv.DictReader(f))
+    assert [r["MTP_TARGET"] for r in rows] == ["tokens", "tv"] and "mtp/per_seed" not in rows[0]
+    assert rows[1]["mtp/tail_accept_rate_trained_ci95"]  # the interval is kept for the figure's error bars
+    assert notebook.main(["sweep", "03", "--over", "K", "-p", "MTP_TARGET", "tokens,tv"]) == 2  # no -p K
+
+
+def test_sweep_summary_draws_intervals_as_error_bars():
+    rows = [{"V": "a", "x_mean": 0.5, "x_ci95": [0.4, 0.7]}, {"V": "b", "x_mean": 0.6, "x_ci95": None}]
+    fig = viz.sweep_summary(rows, "V", ["x_mean"])
+    err = fig.data[0].error_y
+    assert list(err.array) == [pytest.approx(0.2), None] and list(err.arrayminus) == [pytest.approx(0.1), None]
 
 
 def test_run_cli_json_last_line(tmp_path, monkeypatch, capsys):
