@@ -122,6 +122,9 @@ def cmd_report(args) -> int:
 
     stale = report.update(check=args.check)
     print(f"README tables {'stale' if args.check else 'rebuilt'}: {', '.join(stale) or 'none'}")
+    if not args.check:
+        for name, where in report.figures().items():
+            print(f"figure {name}: {where}")
     return 1 if args.check and stale else 0
 
 

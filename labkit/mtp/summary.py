@@ -27,7 +27,8 @@ def _num(v) -> bool:
 
 def per_seed(rows: list[dict], arms: Sequence[str], seed: int) -> dict:
     """One seed's headline numbers: final and last-quarter acceptance per arm (one eval is noisy, +-0.04 on
-    256 prompts: the last quarter's mean is steadier), reward and accuracy at the end."""
+    256 prompts: the last quarter's mean is steadier), the final acceptance by draft depth, reward and accuracy
+    at the end."""
     out: dict = {"mtp/seed": seed}
     for a in arms:
         mine = [r for r in rows if r["arm"] == a]
@@ -37,6 +38,8 @@ def per_seed(rows: list[dict], arms: Sequence[str], seed: int) -> dict:
         out[f"mtp/final_reward_{a}"] = mine[-1]["train/reward"]
         out[f"mtp/final_accuracy_{a}"] = mine[-1]["train/accuracy"]
         out[f"mtp/tail_accept_rate_{a}"] = _mean([r["mtp/accept_rate"] for r in tail])
+        for key in (k for k in mine[-1] if k.startswith("mtp/accept_rate_pos_")):  # by draft depth (k > 1)
+            out[f"mtp/final_{key.removeprefix('mtp/')}_{a}"] = mine[-1][key]
     return out
 
 

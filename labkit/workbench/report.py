@@ -10,14 +10,11 @@ import json
 import re
 from pathlib import Path
 
-from labkit.mtp import stats
 from labkit.sync.roofline import fmt_seconds as _secs
+from labkit.workbench.report_mtp import drafts_table, mtp_table
+from labkit.workbench.report_mtp import md_row as _row
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _row(cells) -> str:
-    return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
 def faults_table(run: dict) -> list[str]:
@@ -139,78 +136,24 @@ def roofline_models_table(run: dict) -> list[str]:
     return lines + ["", note]
 
 
-def _pct(x) -> str:
-    return "n/a (one arm)" if x is None else f"{x:.0%}"
-
-
-def _ci(mean, ci) -> str:
-    return f"{mean:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else " (one seed: no interval)")
-
-
-def mtp_table(run: dict) -> list[str]:
-    m = run.get("metrics", run)
-    head = ["arm", "final accept rate, mean [95 % CI]", "last quarter, mean [95 % CI]", "final reward",
-            "final accept rate per seed"]
-    lines = [_row(head), _row(["---"] * len(head))]
-    for arm in m["mtp/arms"]:
-        per = ", ".join(f"{s[f'mtp/final_accept_rate_{arm}']:.3f}" for s in m["mtp/per_seed"])
-        lines.append(_row([arm, _ci(m[f"mtp/final_accept_rate_{arm}_mean"], m[f"mtp/final_accept_rate_{arm}_ci95"]),
-                           _ci(m[f"mtp/tail_accept_rate_{arm}_mean"], m[f"mtp/tail_accept_rate_{arm}_ci95"]),
-                           f"{m[f'mtp/final_reward_{arm}']:.3f}", per]))
-    lines.append("")
-    if "mtp/diff_trained_frozen_mean" in m:
-        final = _ci(m["mtp/diff_trained_frozen_mean"], m["mtp/diff_trained_frozen_ci95"])
-        tail = _ci(m["mtp/diff_trained_frozen_tail_mean"], m["mtp/diff_trained_frozen_tail_ci95"])
-        lines.append(f"- trained − frozen, paired by seed (final): {final}; last quarter: {tail}")
-    if "mtp/unsynced_lowest_all_seeds" in m:
-        lines.append(f"- unsynced lowest in every seed: {m['mtp/unsynced_lowest_all_seeds']}; its draft, read back "
-                     f"from the engine, equalled the trainer's at step 0: "
-                     f"{m.get('mtp/unsynced_engine_draft_step0_equal')}, and differed from it at every later step: "
-                     f"{m.get('mtp/unsynced_engine_draft_stale_after')}")
-    lines.append(f"- evaluation on held-out problems, disjoint from pretraining and RL (`mtp/eval_disjoint`): "
-                 f"{m['mtp/eval_disjoint']}; rollouts token-identical across arms at step 0: "
-                 f"{m['mtp/rollouts_identical_step0']}, at later steps: {_pct(m['mtp/rollouts_identical_fraction'])}")
-    if "mtp/offline_err_step_mean" in m:
-        lines.append(f"- offline estimate's error per step: mean {m['mtp/offline_err_step_mean']:.3f}, "
-                     f"max {m['mtp/offline_err_step_max']:.3f}")
-    lines.append(f"- at step 0 (every arm): accept rate {m['mtp/start_accept_rate']:.3f}, reward "
-                 f"{m['mtp/start_reward']:.3f}")
-    lines.append(f"- seeds {m['mtp/seeds']}, {m['mtp/steps']} steps per arm, k = {m['mtp/k']}, "
-                 f"{m['timing/mtp_experiment/total'] / 60:.1f} min on this 2-core box")
-    return lines
-
-
-def mtp_objectives_table(run: dict) -> list[str]:
-    """The trained arm under each draft objective, paired by seed with the default run's frozen arm (the same
-    rollouts: the draft cannot move the policy, and sampling is seeded)."""
-    frozen = {s["mtp/seed"]: s["mtp/final_accept_rate_frozen"] for s in run["baseline"]["metrics"]["mtp/per_seed"]}
-    head = ["objective (`--mtp-target`)", "cadence", "final accept rate, mean [95 % CI]", "last quarter",
-            "trained − frozen, paired [95 % CI]", "seeds"]
-    lines = [_row(head), _row(["---"] * len(head))]
-    for _, r in run["runs"]:
-        m, per = r.get("metrics", r), r.get("metrics", r)["mtp/per_seed"]
-        seeds = [s["mtp/seed"] for s in per]
-        diff = stats.paired([s["mtp/final_accept_rate_trained"] for s in per], [frozen[x] for x in seeds])
-        lines.append(_row([m["mtp/target"], f"every {m['mtp/draft_sync_every']} step(s)",
-                           _ci(m["mtp/final_accept_rate_trained_mean"], m["mtp/final_accept_rate_trained_ci95"]),
-                           _ci(m["mtp/tail_accept_rate_trained_mean"], m["mtp/tail_accept_rate_trained_ci95"]),
-                           _ci(*diff), ", ".join(map(str, seeds))]))
-    return lines
-
-
 TABLES = {"mtp": ("mtp_experiment_cpu.json", mtp_table),
-          "mtp-objectives": ("mtp_objective_*.json", mtp_objectives_table), "faults": ("faults_cpu.json", faults_table),
+          "mtp-objectives": ("mtp_sweep_*.json", drafts_table), "faults": ("faults_cpu.json", faults_table),
           "serve-sync": ("bench_serve_sync_cpu.json", serve_table),
           "bench-sync": ("bench_sync_cpu.json", bench_table), "bench-delta": ("bench_delta_cpu.json", delta_table),
           "roofline": ("roofline_published.json", roofline_table),
           "roofline-models": ("roofline_published.json", roofline_models_table)}
 
 
+def _runs(data_dir: Path, pattern: str) -> tuple[list[tuple[str, dict]], dict]:
+    """The stored runs matching `pattern` and the default MTP run they pair with."""
+    runs = [(p.name, json.loads(p.read_text())) for p in sorted(data_dir.glob(pattern))]
+    return runs, json.loads((data_dir / "mtp_experiment_cpu.json").read_text())
+
+
 def render(name: str, data_dir: Path) -> str:
     file, fn = TABLES[name]
     if "*" in file:  # several runs, each with its own command, beside the default MTP run they pair with
-        runs = [(p.name, json.loads(p.read_text())) for p in sorted(data_dir.glob(file))]
-        base = json.loads((data_dir / "mtp_experiment_cpu.json").read_text())
+        runs, base = _runs(data_dir, file)
         made = "; ".join(f"`data/{f}` by `{r.get('command', '?')}`" for f, r in runs)
         return "\n".join([*fn({"runs": runs, "baseline": base}), "", f"(from {made}; frozen from "
                           f"`data/mtp_experiment_cpu.json`; regenerate with `labkit report`)"])
@@ -235,3 +178,22 @@ def update(readme: Path = ROOT / "README.md", data_dir: Path = ROOT / "data", ch
     if stale and not check:
         readme.write_text(text)
     return stale
+
+
+def figures(data_dir: Path = ROOT / "data", out_dir: Path = ROOT / "docs" / "figures") -> dict:
+    """The README's figures, drawn from the same stored runs as its tables: {file: path written, or why not}.
+    PNG only (kaleido with a Chromium it can drive); without one the tables still stand and the reason is said."""
+    from labkit.workbench import viz
+    from labkit.workbench.report_mtp import draft_rows
+
+    out: dict = {}
+    if any(data_dir.glob("mtp_sweep_*.json")):
+        fig = viz.draft_schedules(draft_rows(*_runs(data_dir, "mtp_sweep_*.json")))
+        path = out_dir / "mtp_draft_schedules.png"
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            fig.write_image(path, scale=1.5)
+            out[path.name] = str(path)
+        except Exception as e:  # no kaleido or no browser it can start: say so, keep the old figure
+            out[path.name] = f"not drawn: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+    return out

@@ -241,6 +241,30 @@ def sweep_summary(rows: list[dict], key: str, metrics: list[str], title: str | N
     return fig
 
 
+def _err(pairs: list) -> dict:
+    """Asymmetric error bars from (mean, [low, high] or None) pairs."""
+    return dict(type="data", symmetric=False, array=[c[1] - m if c else 0 for m, c in pairs],
+                arrayminus=[m - c[0] if c else 0 for m, c in pairs])
+
+
+def draft_schedules(rows: list[dict], title: str = "MTP draft: what it learns and when") -> go.Figure:
+    """Last-quarter acceptance per draft schedule (objective · cadence) and its paired difference from the frozen
+    draft, both with 95 % intervals over seeds (rows: labkit.workbench.report_mtp.draft_rows)."""
+    from plotly.subplots import make_subplots
+
+    labels = [f"{r['objective']} · {r['cadence']}" for r in rows]
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.04,
+                        subplot_titles=("last-quarter accept rate", "minus frozen (paired by seed)"))
+    for col, key in ((1, "tail"), (2, "diff_tail")):
+        pairs = [r[key] for r in rows]
+        fig.add_scatter(x=[m for m, _ in pairs], y=labels, error_x=_err(pairs), mode="markers",
+                        marker=dict(size=9, color=_color(col - 1)), showlegend=False, row=1, col=col)
+    fig.add_vline(x=0.0, line_dash="dot", row=1, col=2)
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(title=title, height=160 + 42 * len(rows), width=980, margin=dict(l=330))
+    return fig
+
+
 def save(fig, path_without_ext: str | Path) -> dict:
     """Write `<path>.html` always (plotly.js beside it, so it opens offline) and `<path>.png` when kaleido and a
     Chromium it can drive are available. Returns {"html": path, "png": path or None, "png_skipped": reason}."""

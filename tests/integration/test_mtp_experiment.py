@@ -16,7 +16,7 @@ ARMS = ("frozen", "trained", "unsynced")
 
 @pytest.fixture(scope="module")
 def quick():
-    rc, out, err = _labkit("mtp-experiment", "--quick", "--json", timeout=900)
+    rc, out, err = _labkit("mtp-experiment", "--quick", "--pre-rl-steps", "1", "--json", timeout=900)
     assert rc == 0, err[-3000:]
     return json.loads(out[-1])
 
@@ -52,6 +52,13 @@ def test_the_arms_differ_only_by_design(quick):
     assert quick["mtp/unsynced_engine_draft_stale_after"] is True
 
 
+def test_the_pre_rl_draft_phase_moves_only_the_draft(quick):
+    """Every arm starts from a draft trained before RL (Bebop's cadence); the trunk stays the checkpoint's bit
+    for bit, which the step-0 rollouts above (identical across arms) and this check both rely on."""
+    assert quick["mtp/pre_rl_steps"] == 1 and quick["mtp/pre_rl_trunk_unchanged"] is True
+    assert quick["mtp/pre_rl_eval_overlap"] == 0 and math.isfinite(quick["mtp/pre_rl_loss_last"])
+
+
 def test_seed_keys_are_present_and_one_seed_claims_no_interval(quick):
     assert quick["mtp/seeds"] == [0] and len(quick["mtp/per_seed"]) == 1
     for arm in ARMS:
@@ -66,6 +73,7 @@ def test_seed_keys_are_present_and_one_seed_claims_no_interval(quick):
     (["--k", "0"], "k=0"), (["--temperature", "-0.5"], "spec_temperature=-0.5"),
     (["--arms", "trained,bogus"], "arms="), (["--group", "1"], "group=1"), (["--steps", "0"], "steps=0"),
     (["--seeds", "0,x"], "--seeds='0,x'"), (["--seeds", "1,1"], "seeds=(1, 1)"), (["--eval-prompts", "300"], "n=300"),
+    (["--pre-rl-steps", "-1"], "pre_rl_steps=-1"),
 ])
 def test_bad_flags_fail_before_anything_starts(args, match):
     rc, out, err = _labkit("mtp-experiment", "--quick", *args, timeout=60)

@@ -185,3 +185,41 @@ def test_one_arm_claims_nothing_about_identical_rollouts():
     m = summary.summarize(h, ("trained",), (0, 1, 2), eval_held_out=True)
     assert m["mtp/rollouts_identical_step0"] is None and m["mtp/rollouts_identical_fraction"] is None
     assert "mtp/diff_trained_frozen_mean" not in m and "mtp/unsynced_lowest_all_seeds" not in m
+
+
+def _pre_rl_run(unchanged: bool, overlap: int, first: float, last: float) -> dict:
+    return {"rows": [{"rl/eval_overlap": overlap}], "metrics": {"mtp/pre_rl_trunk_unchanged": unchanged,
+                                                                "mtp/pre_rl_loss_first": first,
+                                                                "mtp/pre_rl_loss_last": last}}
+
+
+def test_pre_rl_phase_summary_needs_every_seed_to_keep_its_trunk():
+    assert summary.pre_rl([], 0) == {"mtp/pre_rl_steps": 0}  # no phase: nothing claimed
+    ok = summary.pre_rl([_pre_rl_run(True, 0, 1.0, 0.5), _pre_rl_run(True, 0, 0.8, float("nan"))], 20)
+    assert ok["mtp/pre_rl_trunk_unchanged"] is True and ok["mtp/pre_rl_eval_overlap"] == 0
+    assert ok["mtp/pre_rl_loss_first"] == pytest.approx(0.9) and ok["mtp/pre_rl_loss_last"] == 0.5  # NaN left out
+    bad = summary.pre_rl([_pre_rl_run(True, 0, 1.0, 0.5), _pre_rl_run(False, 2, 1.0, 0.5)], 20)
+    assert bad["mtp/pre_rl_trunk_unchanged"] is False and bad["mtp/pre_rl_eval_overlap"] == 2
+
+
+def test_pre_rl_steps_is_validated_with_the_draft_loss():
+    from dataclasses import replace
+
+    from labkit.mtp.experiment import ExperimentConfig
+
+    with pytest.raises(ValueError, match="pre_rl_steps=-1"):
+        ExperimentConfig(pre_rl_steps=-1)
+    rl = RLConfig()
+    no_draft_loss = replace(rl, train=replace(rl.train, mtp_loss_scale=0.0))
+    with pytest.raises(ValueError, match="pre_rl_steps=5.*mtp_loss_scale is 0"):
+        ExperimentConfig(pre_rl_steps=5, rl=no_draft_loss)
+    assert ExperimentConfig(pre_rl_steps=5).pre_rl_steps == 5
+
+
+def test_final_acceptance_is_kept_by_draft_depth():
+    rows = [{"arm": "trained", "step": s, "mtp/accept_rate": 0.8, "mtp/accept_length": 2.0, "train/reward": 0.5,
+             "train/accuracy": 0.5, "mtp/accept_rate_pos_1": 0.9 - s / 10, "mtp/accept_rate_pos_2": 0.6 - s / 10}
+            for s in range(3)]
+    out = summary.per_seed(rows, ["trained"], 0)
+    assert out["mtp/final_accept_rate_pos_1_trained"] == pytest.approx(0.7)  # the last step's, per depth
+    assert out["mtp/final_accept_rate_pos_2_trained"] == pytest.approx(0.4)

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from labkit.workbench import report
 
 
@@ -27,20 +29,50 @@ def test_a_stale_table_is_found_and_rebuilt(tmp_path):
     assert report.update(readme, tmp_path, check=True) == []
 
 
-def test_objective_runs_pair_with_the_default_runs_frozen_arm(tmp_path):
-    """Each objective's trained arm is paired seed by seed with the default run's frozen arm; every file and
-    command is named."""
-    base = {"command": "labkit mtp-experiment", "metrics": {"mtp/per_seed": [
-        {"mtp/seed": s, "mtp/final_accept_rate_frozen": f} for s, f in ((0, 0.70), (1, 0.72), (2, 0.71))]}}
+def _per_seed(arm: str, finals, tails) -> list[dict]:
+    return [{"mtp/seed": s, f"mtp/final_accept_rate_{arm}": f, f"mtp/tail_accept_rate_{arm}": t}
+            for s, f, t in zip((0, 1, 2), finals, tails)]
+
+
+def _record(arms: dict, **extra) -> dict:
+    """A notebook-03 record: per-seed rows for `arms` ({arm: (finals, tails)}) and the keys the table reads."""
+    per = [{"mtp/seed": s} for s in (0, 1, 2)]
+    rec = {"status": "ok", "mtp/draft_sync_every": 1, **extra}
+    for arm, (finals, tails) in arms.items():
+        for s, one in zip(per, _per_seed(arm, finals, tails)):
+            s.update(one)
+        rec.update({f"mtp/final_accept_rate_{arm}_mean": sum(finals) / 3, f"mtp/final_accept_rate_{arm}_ci95": [0.7, 0.9],
+                    f"mtp/tail_accept_rate_{arm}_mean": sum(tails) / 3, f"mtp/tail_accept_rate_{arm}_ci95": None})
+    return {**rec, "mtp/per_seed": per}
+
+
+def test_draft_schedules_pair_with_the_default_runs_frozen_arm(tmp_path):
+    """Each objective and cadence of the stored sweeps is paired seed by seed with the default run's frozen arm
+    (final and last quarter); a plain frozen arm compares nothing and a failed sweep value is left out; every
+    file and command is named."""
+    base = {"command": "labkit mtp-experiment", "metrics": {"mtp/per_seed": _per_seed(
+        "frozen", (0.70, 0.72, 0.71), (0.60, 0.60, 0.60))}}
     (tmp_path / "mtp_experiment_cpu.json").write_text(json.dumps(base))
-    for target, rates in (("tv", (0.80, 0.82, 0.81)), ("policy", (0.75, 0.77, 0.76))):
-        per = [{"mtp/seed": s, "mtp/final_accept_rate_trained": r} for s, r in zip((0, 1, 2), rates)]
-        run = {"command": f"labkit mtp-experiment --arms trained --mtp-target {target}", "metrics": {
-            "mtp/per_seed": per, "mtp/target": target, "mtp/draft_sync_every": 1,
-            "mtp/final_accept_rate_trained_mean": sum(rates) / 3, "mtp/final_accept_rate_trained_ci95": [0.7, 0.9],
-            "mtp/tail_accept_rate_trained_mean": 0.8, "mtp/tail_accept_rate_trained_ci95": None}}
-        (tmp_path / f"mtp_objective_{target}.json").write_text(json.dumps(run))
+    objective = {"command": "labkit notebook sweep 03 --over MTP_TARGET", "key": "MTP_TARGET", "rows": [
+        {"MTP_TARGET": "tv", **_record({"trained": ((0.80, 0.82, 0.81), (0.7, 0.7, 0.7))}, **{"mtp/target": "tv"})},
+        {"MTP_TARGET": "policy", "status": "error", "error": "ValueError: x"}]}
+    pre = {"command": "labkit notebook sweep 03 --over PRE_RL_STEPS", "key": "PRE_RL_STEPS", "rows": [
+        {"PRE_RL_STEPS": 20, **_record({"frozen": ((0.75, 0.77, 0.76), (0.65, 0.65, 0.65)),
+                                        "trained": ((0.80, 0.82, 0.81), (0.7, 0.7, 0.7))},
+                                       **{"mtp/target": "tokens", "mtp/pre_rl_steps": 20})}]}
+    (tmp_path / "mtp_sweep_objective.json").write_text(json.dumps(objective))
+    (tmp_path / "mtp_sweep_pre_rl.json").write_text(json.dumps(pre))
     text = report.render("mtp-objectives", tmp_path)
-    assert "| tv | every 1 step(s) | 0.810 [0.700, 0.900] | 0.800 (one seed: no interval) | 0.100 [0.100, 0.100]" in text
-    assert "| policy |" in text and "0.050 [0.050, 0.050]" in text
-    assert "`labkit mtp-experiment --arms trained --mtp-target tv`" in text and "mtp_objective_policy.json" in text
+    assert ("| tv | every step | 0.810 [0.700, 0.900] | 0.700 (one seed: no interval) | 0.100 [0.100, 0.100] | "
+            "0.100 [0.100, 0.100] | 0, 1, 2 |") in text
+    assert "| tokens | pre-RL only (20 MTP-only steps) | 0.760 [0.700, 0.900] |" in text
+    assert "| tokens | every step, after 20 pre-RL steps |" in text and "0.050 [0.050, 0.050]" in text
+    assert "policy" not in text.split("(from")[0] and text.count("\n| ") == 4  # header, rule, three rows
+    assert "`labkit notebook sweep 03 --over MTP_TARGET`" in text and "mtp_sweep_pre_rl.json" in text
+    from labkit.workbench import viz
+    from labkit.workbench.report_mtp import draft_rows
+
+    fig = viz.draft_schedules(draft_rows(*report._runs(tmp_path, "mtp_sweep_*.json")))
+    assert list(fig.data[0].y) == ["tv · every step", "tokens · pre-RL only (20 MTP-only steps)",
+                                   "tokens · every step, after 20 pre-RL steps"]
+    assert list(fig.data[1].x) == pytest.approx([0.1, 0.05, 0.1])  # the paired differences, drawn beside
