@@ -29,12 +29,15 @@ def read_config_json(model_dir: str | Path) -> dict:
 
 
 def check_parallel(cfg: dict, tp: int, pp: int) -> None:
-    """TP must divide the attention and KV heads, PP the layers (checked before any process starts)."""
+    """TP must divide the attention and KV heads and the vocabulary, PP the layers (checked before any process
+    starts: otherwise Megatron's `AssertionError: 131 is not divisible by 2` surfaces deep inside a Ray actor).
+    The vocabulary is not padded for TP yet (Megatron-LM's make_vocab_size_divisible_by; issue 13)."""
     heads = cfg.get("num_attention_heads", 1)
-    for what in ("num_attention_heads", "num_key_value_heads"):
-        n = cfg.get(what, heads)
+    for what in ("num_attention_heads", "num_key_value_heads", "vocab_size"):
+        n = cfg.get(what, heads if what != "vocab_size" else tp)
         if n % tp:
-            raise ValueError(f"tp={tp} is invalid: it must divide {what}={n}")
+            raise ValueError(f"tp={tp} is invalid: it must divide {what}={n}"
+                             + (" (the vocabulary is not padded for TP yet)" if what == "vocab_size" else ""))
     layers = cfg.get("num_hidden_layers", 1)
     if layers % pp:
         raise ValueError(f"pp={pp} is invalid: it must divide num_hidden_layers={layers}")

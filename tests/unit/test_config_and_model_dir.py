@@ -39,6 +39,9 @@ def test_tp_that_does_not_divide_heads_is_named():
     with pytest.raises(ValueError, match=r"pp=3 .*num_hidden_layers=2"):
         check_parallel(cfg, 1, 3)
     check_parallel(cfg, 2, 2)
+    with pytest.raises(ValueError, match=r"tp=2 .*vocab_size=131"):  # a checkpoint's odd vocabulary, named early
+        check_parallel({**cfg, "vocab_size": 131}, 2, 1)
+    check_parallel({**cfg, "vocab_size": 131}, 1, 1)
 
 
 def test_missing_config_json_and_unknown_model_type(tmp_path):
