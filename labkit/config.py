@@ -158,12 +158,16 @@ class ModelSpec:
     """MTP layers (the draft); 0: none."""
     max_positions: int = 256
     """Longest sequence the RoPE tables cover."""
+    vocab: int = 128
+    """Embedding rows: the char tokenizer's 100 entries padded so TP=2 splits them; an odd size (131) is what a
+    real checkpoint may have (the engine pads it, labkit.engine.contract.engine_rows)."""
     seed: int = 0
     """Initialisation seed."""
 
     def __post_init__(self) -> None:
         for f in ("hidden", "layers", "heads", "kv_heads", "ffn", "max_positions"):
             _int(f, getattr(self, f))
+        _int("vocab", self.vocab, lo=100)  # labkit.models.tokenizer.VOCAB's entries
         _int("mtp_layers", self.mtp_layers, lo=0)
         _int("seed", self.seed, lo=0)
         check(self.hidden % self.heads == 0, "hidden", self.hidden, f"a multiple of heads={self.heads}")

@@ -74,6 +74,20 @@ def fused_group(name: str) -> str:
     return name if part is None else part[0]
 
 
+VOCAB_TABLES = ("model.embed_tokens.weight", "lm_head.weight")
+VOCAB_PADDING = 64  # SGLang's DEFAULT_VOCAB_PADDING_SIZE (layers/vocab_parallel_embedding.py, 0.5.23)
+
+
+def engine_rows(name: str, rows: int, tp: int = 1) -> int:
+    """Rows the engine's parameter holds for HF tensor `name` of `rows` rows: SGLang pads vocabulary tables to a
+    multiple of 64 (of 64 * tp when TP would not divide that) and zero-fills the padding at load, so a checksum
+    of the engine's table covers those zero rows too (a vocab of 131 is served as 192 rows)."""
+    if name not in VOCAB_TABLES:
+        return rows
+    pad = VOCAB_PADDING if -(-rows // VOCAB_PADDING) * VOCAB_PADDING % tp == 0 else VOCAB_PADDING * tp
+    return -(-rows // pad) * pad
+
+
 class ContractMismatch(EngineError, ValueError):
     """Tensors that do not fit the engine's model, refused before anything is sent (the engine keeps its
     weights). An EngineError for the handle's callers, a ValueError (bad input) for the sync plan's."""

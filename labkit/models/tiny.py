@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 from labkit.config import ModelSpec
-from labkit.models.tokenizer import BOS, EOS, PAD, VOCAB, save_char_tokenizer
+from labkit.models.tokenizer import BOS, EOS, PAD, save_char_tokenizer
 
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "data" / "tiny-mimo"
 # The family at sync-measurement sizes. "tiny" is the shipped checkpoint (2.5 MB, 43 tensors: so small that a
@@ -26,8 +26,6 @@ def default_model_dir() -> str:
     """The pretrained tiny MiMo every default run uses (`labkit pretrain` writes it; it ships in data/)."""
     return str(DEFAULT_DIR)
 
-
-VOCAB_SIZE = 128  # len(VOCAB) padded so TP=2 splits the embedding evenly
 
 # Shipped beside config.json so transformers/SGLang resolve `model_type: mimo` (as MiMo's own repo does).
 _CONFIGURATION_MIMO = '''from transformers.models.qwen2.configuration_qwen2 import Qwen2Config
@@ -47,7 +45,7 @@ def hf_config(spec: ModelSpec) -> dict:
         "architectures": ["MiMoForCausalLM"],
         "model_type": "mimo",
         "auto_map": {"AutoConfig": "configuration_mimo.MiMoConfig"},
-        "vocab_size": VOCAB_SIZE,
+        "vocab_size": spec.vocab,
         "hidden_size": spec.hidden,
         "intermediate_size": spec.ffn,
         "num_hidden_layers": spec.layers,
@@ -91,11 +89,11 @@ def tensor_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     """HF names and shapes of a MiMo checkpoint with these sizes (MTP layers under model.mtp_layers.{i})."""
     h, hd = spec.hidden, spec.hidden // spec.heads
     q, kv = spec.heads * hd, spec.kv_heads * hd
-    shapes = {"model.embed_tokens.weight": (VOCAB_SIZE, h)}
+    shapes = {"model.embed_tokens.weight": (spec.vocab, h)}
     for i in range(spec.layers):
         shapes.update(_layer_shapes(f"model.layers.{i}", h, q, kv, spec.ffn))
     shapes["model.norm.weight"] = (h,)
-    shapes["lm_head.weight"] = (VOCAB_SIZE, h)
+    shapes["lm_head.weight"] = (spec.vocab, h)
     for i in range(spec.mtp_layers):
         p = f"model.mtp_layers.{i}"
         shapes.update({f"{p}.token_layernorm.weight": (h,), f"{p}.hidden_layernorm.weight": (h,),
@@ -150,9 +148,6 @@ def save_weights_as(src: str | Path, out: str | Path, named_tensors) -> Path:
     save_file({k: v.detach().contiguous().cpu() for k, v in dict(named_tensors).items()},
               str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
-
-
-assert len(VOCAB) <= VOCAB_SIZE
 
 
 def sized_model_dir(name: str, workdir: str | Path = "runs/models") -> str | None:

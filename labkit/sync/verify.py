@@ -13,7 +13,7 @@ import hashlib
 
 import torch
 
-from labkit.engine.contract import fused_part
+from labkit.engine.contract import engine_rows, fused_part
 
 
 def tensor_checksum(t: torch.Tensor) -> str:
@@ -27,14 +27,24 @@ def tensor_checksum(t: torch.Tensor) -> str:
     return f"{int.from_bytes(digest, 'big'):016x}"
 
 
+def padded(name: str, t: torch.Tensor) -> torch.Tensor:
+    """`t` as the engine's parameter holds it: a vocabulary table with the engine's zero padding rows appended
+    (labkit.engine.contract.engine_rows), so the padding is checked to be zero and an odd vocabulary (131)
+    hashes like the engine's table; any other tensor unchanged."""
+    rows = engine_rows(name, t.shape[0]) if t.dim() else 0
+    if rows <= (t.shape[0] if t.dim() else 0):
+        return t
+    return torch.cat([t, t.new_zeros((rows - t.shape[0], *t.shape[1:]))], dim=0)
+
+
 def engine_layout(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """HF names -> the engine's fused parameter names (TP=1 engine layout)."""
+    """HF names -> the engine's parameters (TP=1 engine layout: fused groups, padded vocabulary tables)."""
     fused: dict[str, list] = {}
     out = {}
     for name, t in named.items():
         part = fused_part(name)
         if part is None:
-            out[name] = t
+            out[name] = padded(name, t)
             continue
         key, idx, _ = part
         fused.setdefault(key, []).append((idx, t))
@@ -60,7 +70,7 @@ class Expected:
         for name, t in named.items():
             part = fused_part(name)
             if part is None:
-                self.checksums[name] = tensor_checksum(t)
+                self.checksums[name] = tensor_checksum(padded(name, t))
                 continue
             key, idx, size = part
             parts = self._parts.setdefault(key, {})

@@ -131,3 +131,35 @@ def test_contract_from_model_dir_is_what_engine_spec_returns(model_dir):
 def test_both_backends_provide_the_engine_backend_protocol():
     assert isinstance(HttpBackend("http://127.0.0.1:1", 1.0), EngineBackend)
     assert not isinstance(object(), EngineBackend)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_engine_rows_pad_vocab_tables_like_sglang(seed):
+    from sglang.srt.layers.vocab_parallel_embedding import pad_vocab_size
+
+    from labkit.engine.contract import engine_rows
+
+    rng = random.Random(seed)
+    for _ in range(50):
+        rows = rng.randint(1, 5000)
+        for name in ("model.embed_tokens.weight", "lm_head.weight"):
+            assert engine_rows(name, rows) == pad_vocab_size(rows, 64)  # SGLang's own rule at TP=1
+            got = engine_rows(name, rows, tp=3)
+            assert got >= rows and got % 3 == 0 and got - rows < 64 * 3
+        assert engine_rows("model.layers.0.mlp.down_proj.weight", rows) == rows  # nothing else is padded
+
+
+def test_an_odd_vocabulary_hashes_like_the_engines_zero_padded_table():
+    from labkit.sync import verify as vf
+
+    t = torch.randn(131, 8)
+    engine_table = torch.cat([t, torch.zeros(61, 8)])  # SGLang's 192 rows, padding zero-filled at load
+    want = vf.tensor_checksum(engine_table)
+    assert vf.expected_checksums({"model.embed_tokens.weight": t})["model.embed_tokens.weight"] == want
+    e = vf.Expected()
+    e.add({"lm_head.weight": t})
+    assert e.finish()["lm_head.weight"] == vf.tensor_checksum(engine_table)
+    dirty = engine_table.clone()
+    dirty[150, 0] = 1.0  # a non-zero padding row is caught
+    assert vf.tensor_checksum(dirty) != want
+    assert vf.padded("model.norm.weight", torch.ones(8)).shape == (8,)
