@@ -64,8 +64,8 @@ def _records(run: dict) -> list[dict]:
 
 
 def _arms(m: dict) -> list[str]:
-    return [k.removeprefix("mtp/final_accept_rate_") for k in m["mtp/per_seed"][0] if
-            k.startswith("mtp/final_accept_rate_")]
+    pre = "mtp/final_accept_rate_"  # not its per-depth keys, mtp/final_accept_rate_pos_{j}_{arm}
+    return [k.removeprefix(pre) for k in m["mtp/per_seed"][0] if k.startswith(pre) and not k.startswith(pre + "pos_")]
 
 
 def cadence(m: dict, arm: str) -> str | None:

@@ -43,6 +43,8 @@ def _record(arms: dict, **extra) -> dict:
             s.update(one)
         rec.update({f"mtp/final_accept_rate_{arm}_mean": sum(finals) / 3, f"mtp/final_accept_rate_{arm}_ci95": [0.7, 0.9],
                     f"mtp/tail_accept_rate_{arm}_mean": sum(tails) / 3, f"mtp/tail_accept_rate_{arm}_ci95": None})
+    for s in per:  # a k = 2 run's per-depth keys name no arm
+        s["mtp/final_accept_rate_pos_1_trained"] = 0.9
     return {**rec, "mtp/per_seed": per}
 
 
