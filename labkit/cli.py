@@ -81,7 +81,7 @@ def cmd_bench(args) -> int:
 
     if args.what == "serve-sync":
         return cmd_serve_sync(args)
-    spec = bench.QUICK_SPEC if args.quick else bench.BENCH_SPEC
+    spec = args.model or (bench.QUICK_SPEC if args.quick else bench.BENCH_SPEC)
     if args.what == "delta":
         from labkit.workbench.delta_bench import bench_delta
 
@@ -109,7 +109,7 @@ def cmd_serve_sync(args) -> int:
 def cmd_tune(args) -> int:
     from labkit.workbench import sync_bench as bench
 
-    spec = bench.QUICK_SPEC if args.quick else bench.BENCH_SPEC
+    spec = args.model or (bench.QUICK_SPEC if args.quick else bench.BENCH_SPEC)
     out = bench.tune(spec, transport=args.transport, lo_mb=args.lo_mb, hi_mb=args.hi_mb,
                      memory_budget_mb=args.memory_budget_mb, max_trials=args.max_trials, progress=not args.json)
     write_run(out, args.out)
@@ -140,6 +140,14 @@ def _positive_float(name):
     return parse
 
 
+def _model_arguments(d, default: str) -> None:
+    from labkit.models.families import FAMILY_SIZES
+
+    d.add_argument("--model", default=None, help=f"a model family ({', '.join(('mimo', *FAMILY_SIZES))}) or an HF "
+                                                 f"model directory (default: {default})")
+    d.add_argument("--model-dir", dest="model", default=None, help="an HF model directory (as --model DIR)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="labkit", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true", help="show every warning (LABKIT_VERBOSE=1)")
@@ -165,7 +173,7 @@ def _add_main_commands(sub) -> None:
 
     d = sub.add_parser("sync", help="train a few steps, sync into a real SGLang engine, verify, compare greedy")
     add_arguments(d, SyncConfig, ("transport", "bucket_mb", "memory_budget_mb", "verify"))
-    d.add_argument("--model", default=None, help="HF model directory (default: data/tiny-mimo)")
+    _model_arguments(d, "data/tiny-mimo")
     add_arguments(d, EngineConfig, ("url",), base=EngineConfig(model_dir="data/tiny-mimo"),
                   flags={"url": "--engine-url"})
     d.add_argument("--steps", type=int, default=3)
@@ -186,7 +194,7 @@ def _add_bench_commands(sub) -> None:
                                                  f"(default {','.join(ServeBenchConfig().modes)})")
     add_arguments(d, ServeBenchConfig, ("syncs", "max_requests", "backend"),
                   notes=dict.fromkeys(("syncs", "max_requests", "backend"), "(serve-sync)"))
-    d.add_argument("--model", default=None, help="serve-sync: HF model dir (default: a tiny random MiMo)")
+    _model_arguments(d, "the bench's tiny MiMo (serve-sync: a tiny random MiMo)")
     d.add_argument("--bucket-mb", type=_positive_float("bucket_mb"), default=32.0)
     d.add_argument("--reps", type=int, default=3)
     d.add_argument("--quick", action="store_true", help="a small model (tests)")
@@ -200,6 +208,7 @@ def _add_bench_commands(sub) -> None:
     d.add_argument("--hi-mb", type=_positive_float("hi_mb"), default=256.0)
     d.add_argument("--memory-budget-mb", type=_positive_float("memory_budget_mb"), default=512.0)
     d.add_argument("--max-trials", type=int, default=6)
+    _model_arguments(d, "the bench's tiny MiMo")
     d.add_argument("--quick", action="store_true", help="a small model (tests)")
     d.add_argument("--out", default=None, help="also write the JSON here")
     d.add_argument("--json", action="store_true")

@@ -92,3 +92,13 @@ def install(env=None) -> bool:
     if not theirs.startswith(ours):
         env["PYTHONWARNINGS"] = ours + ("," + theirs if theirs else "")
     return True
+
+
+def stdout_to_stderr():
+    """Megatron prints progress to stdout (`> number of parameters on (tensor, pipeline) ...` at model build);
+    Ray forwards an actor's stdout to the driver's, which broke `labkit sync --json | jq` (a log line before
+    the JSON). Inside this context those prints go to stderr."""
+    import contextlib
+    import sys
+
+    return contextlib.redirect_stdout(sys.stderr)

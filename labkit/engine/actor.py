@@ -193,6 +193,9 @@ class EngineActor:
     def tp_size(self) -> int:
         return self.cfg.tp
 
+    def device(self) -> str:
+        return str(self.engine.server_args.device)
+
     def node(self) -> dict:
         return here()
 

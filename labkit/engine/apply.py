@@ -112,8 +112,17 @@ def load_flat(model, named_tensors) -> None:
             torch._foreach_copy_(plan.dsts, [srcs[i] for i in plan.direct])
         if plan.fallback:
             model.load_weights([(plan.entries[i][0], srcs[i]) for i in plan.fallback])
+        _after_apply(model, [plan.entries[i][0] for i in plan.direct])
         _stats["copy_plan"] += len(plan.direct)
         _stats["load_weights"] += len(plan.fallback)
+
+
+def _after_apply(model, names: list[str]) -> None:
+    """A model whose forward reads copies derived at load (DeepSeek's w_kc/w_vc from kv_b_proj) re-derives them
+    from what the plan copied (`labkit_after_apply`); SGLang's own `load_weights` does that itself."""
+    after = getattr(model, "labkit_after_apply", None)
+    if after is not None and names:
+        after(names)
 
 
 def _plan(model, key: str) -> _Plan:
@@ -136,6 +145,7 @@ def _apply_delta(model, key: str, payload: torch.Tensor) -> None:
     fp.hit("engine.apply", name=plan.entries[0][0])
     spans = [(e[3], e[4]) for e in plan.entries]
     delta.decode_into(_held(payload), int(word), int(n_words), spans, plan.dsts, encoding)  # dsts == entries
+    _after_apply(model, [e[0] for e in plan.entries])
     _stats["copy_plan"] += len(plan.direct)
 
 

@@ -25,6 +25,10 @@ class EngineBackend(Protocol):
 
     def tp_size(self) -> int: ...
 
+    def device(self) -> str:
+        """The engine's device type (\"cpu\", \"cuda\"): a CPU engine pads FFN widths (contract.ffn_padding)."""
+        ...
+
     def node(self) -> dict:
         """{"node_id": Ray node id or None, "node_ip"}: where the engine runs."""
         ...

@@ -8,12 +8,14 @@ Two copies of these facts drift, and each drift was a silent failure:
    each HF tensor a block of rows at its shard index: q/k/v into `qkv_proj`, gate/up into `gate_up_proj`.
    A group split across buckets leaves the engine with dummy weights between buckets (train-vs-rollout KL
    ~1.5), and a verifier that hashes q, k and v apart has nothing on the engine to compare with. A model
-   family that fuses more adds rows to `FUSED`. MoE experts (SGLang's FusedMoE) are not rows yet:
-   `mlp.experts.{e}.gate_proj/up_proj.weight` -> `mlp.experts.w13_weight` (E, 2I, H) is shard 2e+0/1 of 2E and
-   `down_proj` -> `w2_weight` (E, H, I) shard e of E (concatenating the shards on dim 0 in index order gives
-   the stacked parameter's bytes in FusedMoE's default layout, so `engine_layout` and `Expected` hash it
-   unchanged; some GPU kernels swap or transpose); the row needs the expert index from the name, E from
-   config.json, and a decision on whether a plan may split a layer's experts.
+   family that fuses more adds rows to `FUSED`. MoE experts (SGLang's FusedMoE):
+   `mlp.experts.{e}.gate_proj/up_proj.weight` -> `mlp.experts.w13_weight` (E, 2I, H) is shard 2e+0/1 and
+   `down_proj` -> `w2_weight` (E, H, I) shard e; concatenating the shards on dim 0 in index order gives the
+   stacked parameter's bytes in FusedMoE's default layout, so the verifier hashes it unchanged. E is not in
+   a name: `part_counts` reads it off the whole tensor list. Unlike q/k/v, expert slices may land in different
+   buckets (`plan_group`): FusedMoE's loader writes each slice into its own rows, one call or many (the
+   feasibility run updated one expert's gate alone and only that slice changed), and a layer's experts can
+   be larger than a bucket (Qwen3-30B-A3B: 1.2 GB per layer in bf16).
 2. The expected tensors (`Contract`, `check_tensors`). SGLang's loaders look tensors up by name and copy in
    place: an unknown name or a wrong shape fails inside the scheduler after part of a request has landed
    (a fused loader's shape mismatch can take the scheduler down). So every sync plan (names, shapes, dtypes)
@@ -53,14 +55,29 @@ FUSED: tuple[FusedRule, ...] = (
     FusedRule("q_proj", "qkv_proj", 0, 3), FusedRule("k_proj", "qkv_proj", 1, 3),
     FusedRule("v_proj", "qkv_proj", 2, 3),
     FusedRule("gate_proj", "gate_up_proj", 0, 2), FusedRule("up_proj", "gate_up_proj", 1, 2),
+    # DeepSeek-V3 MLA with q_lora_rank (Moonlight's q_lora_rank null has a plain q_proj: not handled yet)
+    FusedRule("q_a_proj", "fused_qkv_a_proj_with_mqa", 0, 2),
+    FusedRule("kv_a_proj_with_mqa", "fused_qkv_a_proj_with_mqa", 1, 2),
 )
+# Megatron exports an MLA layer's q_a, q_b, kv_a in that order: q_b rides in the a-pair's plan group, so a bucket,
+# filled in export order, never has to take kv_a before q_b.
+_MLA_GROUP = re.compile(r"^(?P<prefix>.*\.self_attn)\.(q_a_proj|q_b_proj|kv_a_proj_with_mqa)\.weight$")
 _RULES = {r.part: r for r in FUSED}
 _NAME = re.compile(rf"^(?P<prefix>.*)\.(?P<part>{'|'.join(map(re.escape, _RULES))})\.(?P<kind>weight|bias)$")
 
 
-def fused_part(name: str) -> tuple[str, int, int] | None:
+_EXPERT = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<e>\d+)\.(?P<part>gate_proj|up_proj|down_proj)\.weight$")
+
+
+def fused_part(name: str) -> tuple[str, int, int | None] | None:
     """(engine-side fused name, shard index, group size) for a HF tensor that loads into a fused parameter,
-    else None."""
+    else None. The size of an expert group (None) depends on the model: `part_counts`."""
+    m = _EXPERT.match(name)
+    if m is not None:
+        e = int(m["e"])
+        if m["part"] == "down_proj":
+            return f"{m['prefix']}.w2_weight", e, None
+        return f"{m['prefix']}.w13_weight", 2 * e + (m["part"] == "up_proj"), None
     m = _NAME.match(name)
     if m is None:
         return None
@@ -72,6 +89,32 @@ def fused_group(name: str) -> str:
     """The engine-side parameter a HF tensor loads into (e.g. ...qkv_proj.weight), else the name itself."""
     part = fused_part(name)
     return name if part is None else part[0]
+
+
+def plan_group(name: str) -> str:
+    """The unit a bucket plan never splits: the fused parameter its parts must land in together, or the tensor
+    itself (an expert slice loads alone)."""
+    if _EXPERT.match(name) is not None:
+        return name
+    m = _MLA_GROUP.match(name)
+    return f"{m['prefix']}.{FUSED[-1].fused}.weight" if m is not None else fused_group(name)
+
+
+def call_group(name: str) -> str:
+    """The unit one update call of the per-tensor baseline carries: the tensor alone, except DeepSeek's MLA
+    a-pair (SGLang's loader writes `fused_qkv_a_proj_with_mqa` only when q_a and kv_a arrive in one call; two
+    calls both answer Success and leave it unwritten), which travels as its plan group."""
+    return plan_group(name) if _MLA_GROUP.match(name) is not None else name
+
+
+def part_counts(names: Iterable[str]) -> dict[str, int]:
+    """{fused engine parameter: how many HF tensors fill it} over a whole model's (or plan's) tensor names."""
+    out: dict[str, int] = {}
+    for name in names:
+        part = fused_part(name)
+        if part is not None:
+            out[part[0]] = out.get(part[0], 0) + 1
+    return out
 
 
 VOCAB_TABLES = ("model.embed_tokens.weight", "lm_head.weight")
@@ -86,6 +129,35 @@ def engine_rows(name: str, rows: int, tp: int = 1) -> int:
         return rows
     pad = VOCAB_PADDING if -(-rows // VOCAB_PADDING) * VOCAB_PADDING % tp == 0 else VOCAB_PADDING * tp
     return -(-rows // pad) * pad
+
+
+FFN_PADDING_CPU = 32  # SGLang's DEFAULT_MOE_PADDING_SIZE (configs/update_config.py, 0.5.23)
+_FFN_ROWS, _FFN_COLS = (".gate_proj.weight", ".up_proj.weight"), (".down_proj.weight",)
+
+
+def ffn_padding(device: str, tp: int = 1) -> int:
+    """The multiple SGLang pads FFN widths to on an engine on `device`: a CPU engine pads intermediate_size,
+    moe_intermediate_size and shared_expert_intermediate_size to a multiple of 32 * tp
+    (`adjust_config_with_unaligned_cpu_tp`, run only where device == "cpu"); 1 (no padding) elsewhere."""
+    return FFN_PADDING_CPU * tp if device == "cpu" else 1
+
+
+def engine_shape(name: str, shape: tuple[int, ...], ffn_pad: int = 1) -> tuple[int, ...]:
+    """The shape HF tensor `name` takes inside the engine's parameter: vocabulary rows padded (`engine_rows`);
+    an MLP's or expert's gate/up rows and down columns padded to a multiple of `ffn_pad` (`ffn_padding`). The
+    true extent sits at the start of each padded block and the padding is zero (SGLang's loaders narrow the
+    destination to the checkpoint's size and the parameter was zero-filled)."""
+    shape = tuple(shape)
+    if not shape:
+        return shape
+    if name in VOCAB_TABLES:
+        return (engine_rows(name, shape[0]), *shape[1:])
+    if ffn_pad > 1 and ".mlp." in name and len(shape) == 2:
+        if name.endswith(_FFN_ROWS):
+            return (-(-shape[0] // ffn_pad) * ffn_pad, shape[1])
+        if name.endswith(_FFN_COLS):
+            return (shape[0], -(-shape[1] // ffn_pad) * ffn_pad)
+    return shape
 
 
 class ContractMismatch(EngineError, ValueError):
@@ -127,9 +199,11 @@ def check_tensors(expected: Mapping[str, tuple[Shape, str]] | None, items: Itera
 
 @dataclass(frozen=True)
 class Contract:
-    """What the engine's model accepts: {HF name: (shape, dtype)} and the dtype it serves in."""
+    """What the engine's model accepts: {HF name: (shape, dtype)}, the dtype it serves in, and the multiple its
+    FFN widths are padded to (`ffn_padding`; 1: none)."""
     tensors: dict[str, tuple[Shape, str]]
     dtype: str
+    ffn_pad: int = 1
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path, dtype: str = "auto") -> Contract:
@@ -152,9 +226,10 @@ class Contract:
     def check(self, items: Iterable[tuple], what: str) -> None:
         check_tensors(self.tensors, items, what)
 
-    def spec(self) -> dict:
-        """The plain, picklable form the sync layer passes around: {"tensors": {...}, "dtype": ...} (a copy)."""
-        return {"tensors": dict(self.tensors), "dtype": self.dtype}
+    def spec(self, ffn_pad: int | None = None) -> dict:
+        """The plain, picklable form the sync layer passes around: {"tensors": {...}, "dtype": ...,
+        "ffn_pad": ...} (a copy; `ffn_pad` given: the engine's, which only the engine's device decides)."""
+        return {"tensors": dict(self.tensors), "dtype": self.dtype, "ffn_pad": ffn_pad or self.ffn_pad}
 
 
 @lru_cache(maxsize=8)

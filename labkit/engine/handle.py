@@ -83,6 +83,13 @@ class EngineHandle(LoaderQueries):
     def tp_size(self) -> int:
         return self._b.tp_size()
 
+    @property
+    def device(self) -> str:
+        """The engine's device type, asked once (it decides the engine's FFN padding)."""
+        if getattr(self, "_device", None) is None:
+            self._device = self._b.device()
+        return self._device
+
     def portable(self, call_timeout_s: float | None = None) -> EngineHandle:
         """A picklable handle to the same engine for another process (e.g. a trainer actor); it owns
         nothing, so its shutdown() leaves the engine running. call_timeout_s bounds each of its calls."""

@@ -138,6 +138,10 @@ class HttpBackend:
     def tp_size(self) -> int:
         return self._tp_size()
 
+    def device(self) -> str:
+        info = self._json("/server_info", method="GET")
+        return str(info.get("device", "cuda")) if isinstance(info, dict) else "cuda"
+
     def node(self) -> dict:
         """No Ray node id for a server: its URL's host stands for where it runs."""
         return {"node_id": None, "node_ip": urllib.parse.urlsplit(self.url).hostname}

@@ -77,14 +77,16 @@ class FamilySpec:
         check(self.rope_head_dim % 2 == 0, "rope_head_dim", self.rope_head_dim, "an even integer (RoPE rotates pairs)")
 
 
-# name -> (family, spec). One preset per family at the tiny default sizes, plus qwen3-moe-many: a checkpoint of
-# 4,179 small tensors (16 layers x 84 experts x 3; 9.1 MB in fp32), for a sync's per-tensor costs at real-MoE counts.
+# name -> (family, spec). `qwen3-moe` is a checkpoint of 4,179 small tensors (16 layers x 84 experts x 3; 9.1 MB
+# in fp32), for a sync's per-tensor costs at real-MoE counts (Qwen3-30B-A3B has 18,867); its expert width 16 is
+# padded to 32 by a CPU engine, so the padded layout is exercised too. The others are at the tiny default sizes
+# (`qwen3-moe-tiny`: 69 tensors, for tests).
 FAMILY_SIZES: dict[str, tuple[str, FamilySpec]] = {
     "qwen3": ("qwen3", FamilySpec()),
-    "qwen3-moe": ("qwen3-moe", FamilySpec()),
+    "qwen3-moe": ("qwen3-moe", FamilySpec(hidden=32, layers=16, heads=4, kv_heads=2, head_dim=8, ffn=64,
+                                          experts=84, moe_ffn=16)),
+    "qwen3-moe-tiny": ("qwen3-moe", FamilySpec()),
     "deepseek-v3": ("deepseek-v3", FamilySpec(dense_layers=1)),
-    "qwen3-moe-many": ("qwen3-moe", FamilySpec(hidden=32, layers=16, heads=4, kv_heads=2, head_dim=8, ffn=64,
-                                               experts=84, moe_ffn=16)),
 }
 
 
@@ -222,6 +224,27 @@ def family_of(model_dir: str | Path) -> str:
 
 
 def family_model_dir(name: str, workdir: str | Path = "runs/models") -> str:
-    """The directory of FAMILY_SIZES preset `name`, written under `workdir`/<name> from its spec's seed."""
-    _preset(name)
-    return str(make_family(name, Path(workdir) / name))
+    """The directory of FAMILY_SIZES preset `name`, written under `workdir`/<name> from its spec's seed (once:
+    a directory whose config.json is the preset's is reused as it is)."""
+    family, spec = _preset(name)
+    out = Path(workdir) / name
+    want = hf_config(name, spec).to_json_string(use_diff=False)
+    if (out / "model.safetensors").is_file() and (out / "config.json").is_file() \
+            and (out / "config.json").read_text() == want:
+        return str(out)
+    return str(make_family(name, out, spec))
+
+
+def model_dir_for(model: str | Path | None, workdir: str | Path = "runs/models") -> str:
+    """`--model`: None or "mimo" -> the shipped tiny MiMo; a FAMILY_SIZES preset name -> its directory (written
+    under `workdir` on first use); anything else must be an HF model directory."""
+    from labkit.models.tiny import default_model_dir
+
+    if model is None or str(model) == "mimo":
+        return default_model_dir()
+    if str(model) in FAMILY_SIZES:
+        return family_model_dir(str(model), workdir)
+    if not Path(model).is_dir():
+        raise ValueError(f"model={str(model)!r} is neither a model family ({', '.join(('mimo', *FAMILY_SIZES))}) "
+                         "nor an HF model directory")
+    return str(model)

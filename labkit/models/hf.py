@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 # mbridge model types labkit has exercised; others in mbridge's registry work on GPU at the user's risk.
-KNOWN_MODEL_TYPES = ("mimo", "qwen2", "qwen3", "llama")
+KNOWN_MODEL_TYPES = ("mimo", "qwen2", "qwen3", "llama", "qwen3_moe", "deepseek_v3")
 
 
 def read_config_json(model_dir: str | Path) -> dict:

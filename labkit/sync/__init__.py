@@ -8,9 +8,9 @@ Both run the same `Syncer` (plan -> buckets -> transport -> verify) and, with cf
 from __future__ import annotations
 
 from labkit.config import check
-from labkit.engine.contract import Contract
+from labkit.engine.contract import Contract, ffn_padding
 from labkit.sync.config import SyncConfig
-from labkit.sync.plan import fused_group
+from labkit.sync.plan import plan_group
 
 # Private metrics key: the engine's checksums read by verification, handed to the atomic guard (its "after")
 # so the whole model is not hashed twice per sync; `sync()`/`stream()` drop it before returning.
@@ -22,10 +22,10 @@ ENGINE_CHECKSUMS = "_engine_checksums"
 __all__ = ["SyncConfig", "sync", "stream", "engine_spec"]
 
 
-def engine_spec(model_dir: str, dtype: str = "auto") -> dict:
+def engine_spec(model_dir: str, dtype: str = "auto", ffn_pad: int = 1) -> dict:
     """What the engine's model expects (labkit.engine.contract.Contract, as a plain dict): {"tensors": {HF name:
-    (shape, dtype)}, "dtype": its serving dtype}."""
-    return Contract.from_model_dir(model_dir, dtype).spec()
+    (shape, dtype)}, "dtype": its serving dtype, "ffn_pad": the multiple its FFN widths are padded to}."""
+    return Contract.from_model_dir(model_dir, dtype).spec(ffn_pad)
 
 
 def sync(trainer, engine, cfg: SyncConfig | None = None, weight_version: str | None = None,
@@ -100,8 +100,8 @@ class _Local:
         named = list(self.named_tensors)
         first: dict[str, int] = {}
         for i, (name, _) in enumerate(named):
-            first.setdefault(fused_group(name), i)
-        named.sort(key=lambda p: first[fused_group(p[0])])  # stable: a group lands where its first member was
+            first.setdefault(plan_group(name), i)
+        named.sort(key=lambda p: first[plan_group(p[0])])  # stable: a group lands where its first member was
         try:
             return consumer.run(iter(named), engine, cfg, engine_spec, weight_version, exclude=tuple(exclude))
         finally:
@@ -115,7 +115,7 @@ def _checked_expected(engine, exclude) -> dict:
     # A bare string would exclude by its characters; "" matches every name.
     check(isinstance(exclude, (tuple, list)) and all(isinstance(x, str) and x for x in exclude), "exclude",
           exclude, "a tuple of non-empty name substrings")
-    expected = engine_spec(engine.cfg.model_dir, engine.cfg.dtype)
+    expected = engine_spec(engine.cfg.model_dir, engine.cfg.dtype, ffn_padding(engine.device, engine.tp_size))
     if exclude and all(any(x in n for x in exclude) for n in expected["tensors"]):
         raise ValueError(f"empty sync refused: exclude={tuple(exclude)!r} names all {len(expected['tensors'])} tensors "
                          "of the engine's model; nothing would be sent or verified")

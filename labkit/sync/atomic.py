@@ -145,12 +145,12 @@ class Guard:
         if good is not None and good["checksums"] == before:
             return
         model_dir = self.engine.cfg.model_dir
-        if vf.expected_checksums(lastgood.model_dir_tensors(model_dir, dtype)) == before:
+        if vf.expected_checksums(lastgood.model_dir_tensors(model_dir, dtype), spec.get("ffn_pad", 1)) == before:
             self.store.adopt_model_dir(model_dir, v_before, before)
             return
         # Someone changed the weights outside labkit's syncs: read them back once (slow, but exact).
         named = {n: self.engine.get_weights_by_name(n).to(lastgood.bk.torch_dtype(dtype)) for n in spec["tensors"]}
-        if vf.expected_checksums(named) != before:
+        if vf.expected_checksums(named, spec.get("ffn_pad", 1)) != before:
             raise EngineError("cannot take a bitwise copy of the weights the engine serves now (its read-back "
                               "does not hash to its checksums): refusing to sync without a rollback target")
         path = lastgood.write(self.store.staging(), named, v_before)

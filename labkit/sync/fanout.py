@@ -62,6 +62,10 @@ class EngineGroup:
     def tp_size(self) -> int:
         return sum(m.tp_size for m in self.members)
 
+    @property
+    def device(self) -> str:
+        return self.members[0].device
+
     def init_weights_update_group(self, master_address, master_port, rank_offset, world_size, group_name, backend):
         offsets = [rank_offset + sum(m.tp_size for m in self.members[:i]) for i in range(len(self.members))]
         return self._all("init_weights_update_group", master_address=master_address, master_port=master_port,

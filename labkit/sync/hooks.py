@@ -13,6 +13,7 @@ from typing import Protocol
 
 import torch
 
+from labkit.engine.contract import part_counts
 from labkit.sync import ENGINE_CHECKSUMS
 from labkit.sync import bucket as bk
 from labkit.sync import lastgood
@@ -42,8 +43,8 @@ class Checksums:
 
     phase = "verify"
 
-    def __init__(self):
-        self.expected = vf.Expected()
+    def __init__(self, sizes: dict[str, int] | None = None, ffn_pad: int = 1):
+        self.expected = vf.Expected(sizes, ffn_pad)
 
     def on_bucket(self, b, tensors, flat) -> None:
         self.expected.add(_engine_dtype(b, tensors))
@@ -97,13 +98,17 @@ class Stage:
         self.writer.abort()
 
 
-def for_config(cfg: SyncConfig) -> list[Hook]:
-    """The hooks a sync runs, in order (verification answers before the rollback copy is completed)."""
+def for_config(cfg: SyncConfig, plan=None, engine_spec: dict | None = None) -> list[Hook]:
+    """The hooks a sync runs, in order (verification answers before the rollback copy is completed). `plan`
+    (labkit.sync.plan.Plan) tells the checksums how many parts fill each fused parameter, `engine_spec` the
+    engine's FFN padding."""
+    sizes = part_counts(t.name for t in plan.tensors) if plan is not None else None
+    ffn_pad = (engine_spec or {}).get("ffn_pad", 1)
     hooks: list[Hook] = []
     if cfg.verify == "full":
         hooks.append(FullCopies())
     elif cfg.verify != "none":
-        hooks.append(Checksums())
+        hooks.append(Checksums(sizes, ffn_pad))
     if cfg.stage_dir:
         hooks.append(Stage(cfg.stage_dir))
     return hooks

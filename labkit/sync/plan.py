@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from labkit.engine.contract import check_tensors, fused_group
+from labkit.engine.contract import call_group, check_tensors, fused_group, plan_group  # noqa: F401 (re-exported)
 from labkit.sync.config import MB, SyncConfig
 
 ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
@@ -103,7 +103,7 @@ def check_bucket_bytes(bucket_bytes: object, budget_bytes: int | None = None) ->
 
 
 def plan_buckets(tensors: Iterable[TensorMeta], bucket_bytes: int,
-                 group: Callable[[str], str] = fused_group, budget_bytes: int | None = None) -> Plan:
+                 group: Callable[[str], str] = plan_group, budget_bytes: int | None = None) -> Plan:
     """Greedy, order-preserving packing of groups into buckets of at most `bucket_bytes`."""
     check_bucket_bytes(bucket_bytes, budget_bytes)
     seen, dropped, groups, order = set(), [], {}, []
@@ -185,6 +185,6 @@ def make_plan(metas: list[TensorMeta], cfg: SyncConfig, engine_dtype: str | None
         metas = [TensorMeta(m.name, m.shape, engine_dtype if m.dtype.startswith(("float", "bfloat")) else m.dtype)
                  for m in metas]
     if cfg.transport == "per-tensor":
-        return plan_buckets(metas, 1, group=lambda n: n)  # one tensor per call, the baseline
+        return plan_buckets(metas, 1, group=call_group)  # one tensor per call (the MLA pair: one), the baseline
     budget = int(cfg.memory_budget_mb * MB) if cfg.memory_budget_mb else None
     return plan_buckets(metas, cfg.bucket_bytes, budget_bytes=budget)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Iterable, Literal, get_args
 
 from labkit.config import check
-from labkit.engine.contract import fused_group
+from labkit.engine.contract import plan_group
 from labkit.sync.plan import TensorMeta
 from labkit.sync.roofline_configs import REAL
 
@@ -259,7 +259,7 @@ def count_buckets(tensors: Iterable[TensorMeta], bucket_bytes: int) -> int:
     for t in tensors:
         if t.name not in seen:  # duplicates are dropped, as the planner drops them
             seen.add(t.name)
-            key = fused_group(t.name)
+            key = plan_group(t.name)
             sizes[key] = sizes.get(key, 0) + t.nbytes
     n, held, cur = 0, False, 0
     for size in sizes.values():

@@ -112,7 +112,7 @@ class Syncer:
         named_iter = self._prepare(s, named_iter, engine, engine_spec, tuple(exclude))  # plan, buffers, transport
         s.version = weight_version or f"v{self.version + 1}"
         self._open_session(s, engine)  # release the KV cache, begin_weight_update
-        hooks = hk.for_config(cfg)  # expected checksums or full copies; the rollback copy
+        hooks = hk.for_config(cfg, s.plan, engine_spec)  # expected checksums or full copies; rollback copy
         try:
             self._stream(s, iter(named_iter), engine, hooks)  # gather, pack, send (overlapped), hooks
             s.measured = extra_at_peak(s.rss, s.held, self._pools(), s.device)

@@ -13,7 +13,7 @@ import hashlib
 
 import torch
 
-from labkit.engine.contract import engine_rows, fused_part
+from labkit.engine.contract import engine_shape, fused_part
 
 
 def tensor_checksum(t: torch.Tensor) -> str:
@@ -27,24 +27,27 @@ def tensor_checksum(t: torch.Tensor) -> str:
     return f"{int.from_bytes(digest, 'big'):016x}"
 
 
-def padded(name: str, t: torch.Tensor) -> torch.Tensor:
-    """`t` as the engine's parameter holds it: a vocabulary table with the engine's zero padding rows appended
-    (labkit.engine.contract.engine_rows), so the padding is checked to be zero and an odd vocabulary (131)
-    hashes like the engine's table; any other tensor unchanged."""
-    rows = engine_rows(name, t.shape[0]) if t.dim() else 0
-    if rows <= (t.shape[0] if t.dim() else 0):
+def padded(name: str, t: torch.Tensor, ffn_pad: int = 1) -> torch.Tensor:
+    """`t` as the engine's parameter holds it (labkit.engine.contract.engine_shape): a vocabulary table with the
+    engine's zero padding rows appended, an FFN block padded with zeros to the engine's width (a CPU engine's
+    multiple of 32), so the padding is checked to be zero; any other tensor unchanged."""
+    shape = engine_shape(name, tuple(t.shape), ffn_pad)
+    if shape == tuple(t.shape):
         return t
-    return torch.cat([t, t.new_zeros((rows - t.shape[0], *t.shape[1:]))], dim=0)
+    out = t.new_zeros(shape)
+    out[tuple(slice(0, n) for n in t.shape)] = t
+    return out
 
 
-def engine_layout(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """HF names -> the engine's parameters (TP=1 engine layout: fused groups, padded vocabulary tables)."""
+def engine_layout(named: dict[str, torch.Tensor], ffn_pad: int = 1) -> dict[str, torch.Tensor]:
+    """HF names -> the engine's parameters (TP=1 engine layout: fused groups, padded vocabulary and FFN)."""
     fused: dict[str, list] = {}
     out = {}
     for name, t in named.items():
+        t = padded(name, t, ffn_pad)
         part = fused_part(name)
         if part is None:
-            out[name] = padded(name, t)
+            out[name] = t
             continue
         key, idx, _ = part
         fused.setdefault(key, []).append((idx, t))
@@ -53,39 +56,76 @@ def engine_layout(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def expected_checksums(named: dict[str, torch.Tensor]) -> dict[str, str]:
-    return {n: tensor_checksum(t) for n, t in engine_layout(named).items()}
+def expected_checksums(named: dict[str, torch.Tensor], ffn_pad: int = 1) -> dict[str, str]:
+    return {n: tensor_checksum(t) for n, t in engine_layout(named, ffn_pad).items()}
 
 
 class Expected:
-    """Trainer-side checksums accumulated bucket by bucket. A fused group is hashed once all its parts have
-    been seen (per-tensor syncs send q, k and v separately); incomplete parts are copied, since flat buffers
-    are reused for the next bucket."""
+    """Trainer-side checksums accumulated bucket by bucket. A fused parameter is hashed once all its parts have
+    been seen: per-tensor syncs send q, k and v separately, and a layer's experts (hundreds of slices, larger
+    than a bucket on a real MoE) arrive over several buckets. The hash is a running sha256 fed the parts in
+    index order, so only parts that arrive ahead of their turn are copied (flat buffers are reused for the
+    next bucket); on a device the parts are copied and hashed at the end (SGLang's device hash is not
+    incremental). `ffn_pad`: the engine's FFN padding (`padded`). `sizes`: parts per fused parameter
+    (`labkit.engine.contract.part_counts` over the plan's
+    names), needed for experts, whose count is not in their names."""
 
-    def __init__(self):
+    def __init__(self, sizes: dict[str, int] | None = None, ffn_pad: int = 1):
         self.checksums: dict[str, str] = {}
-        self._parts: dict[str, dict[int, torch.Tensor]] = {}
+        self.sizes, self.ffn_pad = dict(sizes or {}), ffn_pad
+        self._parts: dict[str, dict[int, torch.Tensor]] = {}  # parts held until their turn
+        self._streams: dict[str, list] = {}  # key -> [sha256 state, next index]
 
     def add(self, named: dict[str, torch.Tensor]) -> None:
         for name, t in named.items():
+            t = padded(name, t, self.ffn_pad)
             part = fused_part(name)
             if part is None:
-                self.checksums[name] = tensor_checksum(padded(name, t))
+                self.checksums[name] = tensor_checksum(t)
                 continue
             key, idx, size = part
+            size = self.sizes.get(key, size)
+            if size is None:
+                raise ValueError(f"cannot verify {name!r}: how many tensors fill {key!r} is unknown "
+                                 "(Expected(sizes=part_counts(plan names)))")
             parts = self._parts.setdefault(key, {})
-            parts[idx] = t
-            if len(parts) == size:
-                self.checksums[key] = tensor_checksum(torch.cat([parts[i] for i in sorted(parts)], dim=0))
-                del self._parts[key]
-            else:
+            stream = self._streams.setdefault(key, [hashlib.sha256(), 0])
+            if t.is_cuda or idx != stream[1]:
                 parts[idx] = t.detach().clone()
+            else:
+                _feed(stream, t)
+            while not t.is_cuda and stream[1] in parts:
+                _feed(stream, parts.pop(stream[1]))
+            if t.is_cuda and len(parts) == size:
+                self.checksums[key] = tensor_checksum(torch.cat([parts[i] for i in sorted(parts)], dim=0))
+            elif stream[1] == size:
+                self.checksums[key] = _digest(stream)
+            else:
+                continue
+            del self._parts[key], self._streams[key]
 
     def finish(self) -> dict[str, str]:
-        for key, parts in self._parts.items():  # an incomplete group can only mismatch: report it as such
-            self.checksums[key] = tensor_checksum(torch.cat([parts[i] for i in sorted(parts)], dim=0))
-        self._parts = {}
+        """The checksums; a group still incomplete is hashed over the parts it got, in index order (as
+        `engine_layout` would), so it can only mismatch the engine's full parameter."""
+        for key, parts in self._parts.items():
+            stream = self._streams[key]
+            if any(t.is_cuda for t in parts.values()):
+                self.checksums[key] = tensor_checksum(torch.cat([parts[i] for i in sorted(parts)], dim=0))
+                continue
+            for i in sorted(parts):
+                _feed(stream, parts[i])
+            self.checksums[key] = _digest(stream)
+        self._parts, self._streams = {}, {}
         return self.checksums
+
+
+def _digest(stream: list) -> str:
+    return f"{int.from_bytes(stream[0].digest()[:8], 'big'):016x}"
+
+
+def _feed(stream: list, t: torch.Tensor) -> None:
+    stream[0].update(memoryview(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()))
+    stream[1] += 1
 
 
 def compare(expected: dict[str, str], actual: dict[str, str]) -> dict:

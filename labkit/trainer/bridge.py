@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 
 from labkit.models.hf import fix_rope_theta
+from labkit.trainer import mla
+from labkit.trainer.moe import patch_moe
 
 SWAP_HALVES = ("eh_proj.weight",)
 
@@ -31,6 +33,17 @@ def swap_halves(w: torch.Tensor) -> torch.Tensor:
     return torch.cat([w[:, h:], w[:, :h]], dim=1).contiguous()
 
 
+def make_bridge(hf_config, dtype: torch.dtype):
+    """mbridge's bridge for `hf_config`, with labkit's fixes (DeepSeek-V3's replace its class: they act while
+    the bridge is constructed)."""
+    from mbridge import AutoBridge
+    from mbridge.core.bridge import _MODEL_REGISTRY
+
+    if hf_config.model_type == "deepseek_v3" and not has_transformer_engine():
+        return patch_bridge(mla.bridge_class(_MODEL_REGISTRY["deepseek_v3"])(hf_config, dtype=dtype))
+    return patch_bridge(AutoBridge.from_config(hf_config, dtype=dtype))
+
+
 def patch_bridge(bridge):
     """Return `bridge` with labkit's fixes bound to it."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_mtp_block_spec
@@ -41,7 +54,9 @@ def patch_bridge(bridge):
 
     def layer_spec(self, vp_stage=None):
         self.has_vp_stage = True
-        return get_gpt_decoder_block_spec(self.config, use_transformer_engine=use_te, vp_stage=vp_stage)
+        spec = get_gpt_decoder_block_spec(self.config, use_transformer_engine=use_te, vp_stage=vp_stage)
+        return spec if use_te or not getattr(self.config, "multi_latent_attention", False) \
+            else mla.local_core_attention(spec)
 
     bridge._get_transformer_layer_spec = layer_spec.__get__(bridge)
     if not use_te:
@@ -67,6 +82,7 @@ def patch_bridge(bridge):
         return ret
 
     bridge._get_gptmodel_args = gptmodel_args.__get__(bridge)
+    patch_moe(bridge, use_te)
 
     if is_mimo:
         to_mcore, to_hf = bridge._weight_to_mcore_format, bridge._weight_to_hf_format
@@ -87,10 +103,12 @@ def patch_bridge(bridge):
 
 
 def _export_no_pp(bridge, models):
-    """mbridge's export_weights minus its pipeline collectives, for PP=1 dense models.
+    """mbridge's export_weights minus its pipeline collectives, for PP=1 and EP=1 models.
 
     mbridge exchanges every tensor's name and spec over the PP group (all_gather_object + broadcast) even
-    when that group has one rank: ~1 ms per tensor, which was most of a CPU sync's gather phase.
+    when that group has one rank: ~1 ms per tensor, which was most of a CPU sync's gather phase (and an MoE
+    model has thousands). Megatron keeps a router's `expert_bias` (DeepSeek-V3's e_score_correction_bias) out
+    of named_parameters, in state_dict only; it is exported from there, as mbridge does.
     """
     from mbridge.core.util import unwrap_model
 
@@ -98,7 +116,9 @@ def _export_no_pp(bridge, models):
     for model in models:
         model = unwrap_model(model)
         local_to_global = bridge._weight_name_mapping_mcore_local_to_global(model, consider_ep=False)
-        for local, param in model.named_parameters():
+        params = dict(model.named_parameters())
+        params.update((k, v) for k, v in model.state_dict().items() if "expert_bias" in k and k not in params)
+        for local, param in params.items():
             name = local_to_global[local]
             if getattr(param, "tensor_model_parallel", False) and tp > 1:
                 parts = [torch.empty_like(param) for _ in range(tp)]
@@ -109,9 +129,8 @@ def _export_no_pp(bridge, models):
 
 def export_unique(bridge, models, fast: bool = True):
     """HF-named full tensors with duplicates dropped (PP>1 + MTP exports the shared embedding twice)."""
-    dense = not getattr(bridge.config, "num_moe_experts", None) and bridge.mpu.ep_size == 1
-    no_pp = bridge.mpu.pp_size == 1 and bridge.mpu.vpp_size in (None, 1)
-    gen = _export_no_pp(bridge, models) if fast and dense and no_pp else bridge.export_weights(models)
+    single = bridge.mpu.pp_size == 1 and bridge.mpu.vpp_size in (None, 1) and bridge.mpu.ep_size == 1
+    gen = _export_no_pp(bridge, models) if fast and single else bridge.export_weights(models)
     seen = set()
     for name, t in gen:
         if name in seen:

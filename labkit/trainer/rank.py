@@ -72,12 +72,11 @@ class TrainerRank:
     def load(self, model_dir: str) -> dict:
         """Build the Megatron model from `model_dir` (config + safetensors) and the optimizer."""
         from megatron.core.distributed import finalize_model_grads
-        from mbridge import AutoBridge
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
         hf_config = load_hf_config(model_dir)
         dtype = torch.float32 if not torch.cuda.is_available() else torch.bfloat16
-        bridge = fixes.patch_bridge(AutoBridge.from_config(hf_config, dtype=dtype))
+        bridge = fixes.make_bridge(hf_config, dtype)
         bridge.set_extra_args(use_cpu_initialization=not torch.cuda.is_available(), masked_softmax_fusion=False,
                               sequence_parallel=False, hidden_dropout=0.0, attention_dropout=0.0,
                               # With the policy target Megatron's own MTP CE is only logged (scale 0).
@@ -85,7 +84,8 @@ class TrainerRank:
                               if self.train_cfg.mtp_target == "tokens" else 0.0)
         ddp = dict(grad_reduce_in_fp32=True, use_distributed_optimizer=False, overlap_grad_reduce=False,
                    bucket_size=None)
-        models = bridge.get_model(bf16=dtype is torch.bfloat16, wrap_with_ddp=True, ddp_config=ddp)
+        with quiet.stdout_to_stderr():
+            models = bridge.get_model(bf16=dtype is torch.bfloat16, wrap_with_ddp=True, ddp_config=ddp)
         bridge.load_weights(models, model_dir)
         frozen = sum(freeze_mtp(m) for m in models) if self.train_cfg.mtp_loss_scale == 0 else 0
         self.hooks = [h for m in models for h in detach_trunk(m)] if self.train_cfg.mtp_detach else []

@@ -27,7 +27,7 @@ from labkit.cluster import runtime
 from labkit.cluster.placement import Placement, PlacementSpec, layout
 from labkit.config import ParallelSpec, TrainConfig, check
 from labkit.engine import EngineConfig, EngineHandle
-from labkit.models.tiny import default_model_dir
+from labkit.models.families import model_dir_for
 from labkit.sync import sync
 from labkit.sync.config import SyncConfig
 from labkit.tasks import ArithTask, Task, check_task
@@ -119,7 +119,7 @@ class Workbench:
             raise ValueError(f"engines={placement.engines} is invalid with engine_url: a URL names one engine")
 
         t0 = time.perf_counter()
-        self.model_dir = model_dir or default_model_dir()
+        self.model_dir = model_dir_for(model_dir)  # None: the shipped tiny MiMo; a family name: its preset
         self.parallel = parallel or ParallelSpec()
         self.placement = self.trainer = self.engine = self.replicas = None
         self.engines: list = []

@@ -21,23 +21,23 @@ from pathlib import Path
 
 from labkit.config import ModelSpec
 from labkit.engine.config import EngineConfig
-from labkit.models.tiny import BENCH_SPEC, make_tiny_mimo
+from labkit.models.tiny import BENCH_SPEC
 from labkit.sync.config import SyncConfig
 from labkit.workbench.core import FINETUNE, Workbench
-from labkit.workbench.sync_bench import verdict, weight_moving_seconds
+from labkit.workbench.sync_bench import bench_model_dir, verdict, weight_moving_seconds
 
 DELTA_LR = 1e-5  # the issue's step size; RL post-training runs 1e-6..1e-5
 TRANSPORTS = ("colocated", "distributed")
 
 
-def bench_delta(spec: ModelSpec = BENCH_SPEC, bucket_mb: float = 32.0, syncs: int = 5, anchor_every: int = 8,
+def bench_delta(spec: ModelSpec | str = BENCH_SPEC, bucket_mb: float = 32.0, syncs: int = 5, anchor_every: int = 8,
                 transports: tuple[str, ...] = TRANSPORTS, workdir: str | Path = "runs/bench-delta",
                 progress: bool = True) -> dict:
     """Per transport: `syncs` timed full syncs, then `syncs` timed delta syncs (anchor every `anchor_every`,
     more than `syncs`, so the timed ones are deltas; the anchor's own time is reported)."""
     from tqdm.auto import tqdm
 
-    model_dir = str(make_tiny_mimo(Path(workdir) / "bench-model", spec))
+    model_dir = bench_model_dir(spec, workdir)
     engine_cfg = EngineConfig(model_dir=model_dir, dtype="bfloat16", max_total_tokens=4096, mem_fraction_static=0.05)
     runs: dict[str, dict[str, list[dict]]] = {}
     verified, out = [], {}

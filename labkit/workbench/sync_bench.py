@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from labkit.config import ModelSpec
+from labkit.models.families import model_dir_for
 from labkit.models.tiny import BENCH_SPEC, QUICK_SPEC, make_tiny_mimo  # noqa: F401 (the CLI's names)
 from labkit.sync import tune as tn
 from labkit.sync.config import MB, SyncConfig
@@ -80,17 +81,27 @@ def sync_measure(wb, transport: str = "colocated", repeats: int = 2, warmup: boo
     return measure
 
 
-def _workbench(spec: ModelSpec, workdir: str | Path):
-    return Workbench(str(make_tiny_mimo(Path(workdir) / "bench-model", spec)))
+def bench_model_dir(model: ModelSpec | str, workdir: str | Path) -> str:
+    """The benched model's directory: a tiny MiMo of `model`'s sizes written under `workdir`, or `model` as
+    `--model` takes it (a family preset such as qwen3-moe, or an HF model directory)."""
+    if isinstance(model, ModelSpec):
+        return str(make_tiny_mimo(Path(workdir) / "bench-model", model))
+    return model_dir_for(model)
 
 
-def bench_sync(spec: ModelSpec = BENCH_SPEC, bucket_mb: float = 32.0, reps: int = 3,
+def _workbench(model: ModelSpec | str, workdir: str | Path):
+    return Workbench(bench_model_dir(model, workdir))
+
+
+def bench_sync(spec: ModelSpec | str = BENCH_SPEC, bucket_mb: float = 32.0, reps: int = 3,
                workdir: str | Path = "runs/bench", progress: bool = True) -> dict:
     """Per-tensor vs the bucketed transports, `reps` syncs each (equal per transport), two ways:
     - transport-only (`bench/<transport>_seconds`, GB/s, `_vs_memcpy`): the weight-moving time of syncs without
       verification or the atomic guard (`weight_moving_seconds`);
     - end to end (`bench/end_to_end_seconds/<transport>`): the wall time a caller of `Workbench.sync()` waits
-      with the defaults (atomic guard, checksum verification, session calls).
+      with the defaults (atomic guard, checksum verification, session calls), and the share of it spent inside
+      the engine's apply call (`bench/engine_apply_share`: SGLang's update call, begin/end excluded), the cost
+      that grows with the tensor count (verl PR #6974: ~55 s of a 58 s MoE sync);
     Transports run one after another, each warmed up first (what every RL step pays, not the one-off setup).
     One training step precedes every timed sync, so each sync moves changed weights. `bench/verified` holds only
     if every end-to-end sync verified bitwise and the engine's checksums then differ from before the run."""
@@ -106,6 +117,7 @@ def bench_sync(spec: ModelSpec = BENCH_SPEC, bucket_mb: float = 32.0, reps: int 
         bar = tqdm(total=len(transports) * (2 + 2 * reps), desc="bench sync", disable=not progress)
         best: dict[str, dict] = {}
         e2e: dict[str, list[float]] = {t: [] for t in transports}
+        apply: dict[str, list[float]] = {t: [] for t in transports}
         verified = []
         # One transport at a time, as an RL loop runs one: a trainer keeps one plan, so alternating per-tensor
         # (bucket = 1 tensor) and bucketed syncs would re-plan every time and time cold syncs only. Unguarded
@@ -122,6 +134,7 @@ def bench_sync(spec: ModelSpec = BENCH_SPEC, bucket_mb: float = 32.0, reps: int 
                     wall = time.perf_counter() - t0
                     if kw is full:
                         e2e[t].append(wall)
+                        apply[t].append(m["timing/sync/load"] / wall)
                         verified.append(m["sync/verified"] is True)
                     elif t not in best or _seconds(m) < _seconds(best[t]):
                         best[t] = m
@@ -129,6 +142,9 @@ def bench_sync(spec: ModelSpec = BENCH_SPEC, bucket_mb: float = 32.0, reps: int 
         bar.close()
         after = wb.engine.checksums()
     out.update(_summary(best, e2e, memcpy_gbps(best["colocated"]["sync/bytes"])))
+    out["bench/engine_apply_share"] = round(sum(apply["colocated"]) / len(apply["colocated"]), 4)
+    for t, shares in apply.items():
+        out[f"bench/engine_apply_share/{t}"] = round(sum(shares) / len(shares), 4)
     out.update(verdict(verified, before, after))
     return out
 
@@ -183,7 +199,7 @@ def _summary(best: dict[str, dict], e2e: dict[str, list[float]], mem: float) -> 
     return out
 
 
-def tune(spec: ModelSpec = BENCH_SPEC, transport: str = "colocated", lo_mb: float = 0.5, hi_mb: float = 256.0,
+def tune(spec: ModelSpec | str = BENCH_SPEC, transport: str = "colocated", lo_mb: float = 0.5, hi_mb: float = 256.0,
          memory_budget_mb: float = 512.0, max_trials: int = 6, workdir: str | Path = "runs/tune",
          progress: bool = True) -> dict:
     """Sweep log-spaced bucket sizes under the memory budget, then let the autotuner find one in <= max_trials.

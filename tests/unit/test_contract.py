@@ -23,7 +23,7 @@ def test_every_fused_group_has_shard_indices_0_to_n_minus_1():
     groups: dict[str, list] = {}
     for r in FUSED:
         groups.setdefault(r.fused, []).append(r)
-    assert set(groups) == {"qkv_proj", "gate_up_proj"}
+    assert set(groups) == {"qkv_proj", "gate_up_proj", "fused_qkv_a_proj_with_mqa"}
     for fused, rules in groups.items():
         sizes = {r.size for r in rules}
         assert len(sizes) == 1 and sorted(r.index for r in rules) == list(range(sizes.pop())), fused
@@ -75,7 +75,7 @@ def test_a_plan_never_splits_a_fused_group(bucket_bytes):
 def test_verify_layout_follows_the_table():
     named = {f"l.{r.part}.weight": torch.full((r.index + 1, 2), float(r.index)) for r in FUSED}
     layout = engine_layout(named)
-    assert sorted(layout) == ["l.gate_up_proj.weight", "l.qkv_proj.weight"]
+    assert sorted(layout) == ["l.fused_qkv_a_proj_with_mqa.weight", "l.gate_up_proj.weight", "l.qkv_proj.weight"]
     assert layout["l.qkv_proj.weight"][:, 0].tolist() == [0, 1, 1, 2, 2, 2]
     acc = Expected()
     for name in reversed(list(named)):  # one tensor at a time, in any order: hashed once complete
@@ -115,7 +115,8 @@ def model_dir(tmp_path_factory):
 def test_contract_from_model_dir_is_what_engine_spec_returns(model_dir):
     c = Contract.from_model_dir(model_dir)
     assert c.dtype == json.load(open(f"{model_dir}/config.json")).get("torch_dtype", "bfloat16")
-    assert engine_spec(model_dir) == {"tensors": c.tensors, "dtype": c.dtype}
+    assert engine_spec(model_dir) == {"tensors": c.tensors, "dtype": c.dtype, "ffn_pad": 1}
+    assert engine_spec(model_dir, ffn_pad=32)["ffn_pad"] == 32
     f32 = Contract.from_model_dir(model_dir, "float32")
     assert set(f32.tensors) == set(c.tensors) and {d for _, d in f32.tensors.values()} == {"float32"}
     assert Contract.find(model_dir) == c and Contract.find(model_dir) is Contract.find(model_dir)

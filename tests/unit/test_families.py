@@ -17,11 +17,12 @@ from labkit.models.tiny import DEFAULT_DIR
 from labkit.tasks import ArithTask
 
 PROMPTS = ["12+34=", "7+8=", "hello", "The cat", "0", "xyz!", "99+1="]
+TINY = {"qwen3-moe": "qwen3-moe-tiny"}  # family -> its preset at the tiny default sizes
 
 
 @pytest.fixture(scope="module")
 def family_dirs(tmp_path_factory):
-    return {f: make_family(f, tmp_path_factory.mktemp(f)) for f in FAMILIES}
+    return {f: make_family(TINY.get(f, f), tmp_path_factory.mktemp(f)) for f in FAMILIES}
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +63,7 @@ def test_directory_loads_with_transformers_and_char_tokenizer(family_dirs, loade
 @pytest.mark.parametrize("family", FAMILIES)
 def test_checkpoint_names_and_shapes_match_the_family(family_dirs, family):
     header = checkpoint_tensors(family_dirs[family])
-    assert {n: s for n, (s, _) in header.items()} == tensor_shapes(family)
+    assert {n: s for n, (s, _) in header.items()} == tensor_shapes(TINY.get(family, family))
     assert {dt for _, dt in header.values()} == {"float32"}
     assert len(header) == {"qwen3": 25, "qwen3-moe": 69, "deepseek-v3": 53}[family]
     assert not any(n.endswith(".bias") for n in header)
@@ -145,7 +146,7 @@ def test_many_tensor_preset(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    d = make_family("qwen3-moe-many", tmp_path / "many")
+    d = make_family("qwen3-moe", tmp_path / "many")
     header = checkpoint_tensors(d)
     # 16 layers x (84 experts x 3 + router + 4 attention + 2 q/k norms + 2 norms) + embedding, final norm, lm_head
     assert len(header) == 4179
@@ -153,7 +154,7 @@ def test_many_tensor_preset(tmp_path):
     assert sum(n.count(".experts.") for n in header) == 16 * 84 * 3
     assert (d / "model.safetensors").stat().st_size < 16 * 2**20
     assert family_of(d) == "qwen3-moe"
-    assert len(tensor_shapes("qwen3-moe-many")) == len(header)
+    assert len(tensor_shapes("qwen3-moe")) == len(header)
     model, info = AutoModelForCausalLM.from_pretrained(d, output_loading_info=True)  # ~1 s: per-expert -> fused
     assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
     with torch.no_grad():
@@ -187,7 +188,7 @@ def test_bad_spec_values_are_named(kwargs, field):
 
 
 def test_unknown_family_and_model_type_are_named(tmp_path):
-    with pytest.raises(ValueError, match=r"^family='llama' is invalid: expected one of qwen3, qwen3-moe, deepseek-v3"):
+    with pytest.raises(ValueError, match=r"^family='llama' is invalid: expected one of qwen3, qwen3-moe, qwen3-moe-tiny, deepseek-v3"):
         make_family("llama", tmp_path)
     with pytest.raises(ValueError, match=r"^spec=.*is invalid"):
         make_family("qwen3", tmp_path, spec={"hidden": 64})
@@ -204,3 +205,17 @@ def test_presets_and_mimo():
     w = init_weights("deepseek-v3")
     assert all(float(t.mean()) > 0.5 for n, t in w.items() if n.endswith("norm.weight"))
     assert all(float(t.abs().max()) < 0.2 for n, t in w.items() if n.endswith("e_score_correction_bias"))
+
+
+def test_model_argument_resolves_names_and_directories(tmp_path, monkeypatch):
+    from labkit.models.families import model_dir_for
+
+    assert model_dir_for(None) == model_dir_for("mimo") == str(DEFAULT_DIR)
+    d = model_dir_for("qwen3-moe-tiny", tmp_path)
+    assert d == str(tmp_path / "qwen3-moe-tiny") and family_of(d) == "qwen3-moe"
+    mtime = (tmp_path / "qwen3-moe-tiny" / "model.safetensors").stat().st_mtime_ns
+    assert model_dir_for("qwen3-moe-tiny", tmp_path) == d  # reused, not rewritten
+    assert (tmp_path / "qwen3-moe-tiny" / "model.safetensors").stat().st_mtime_ns == mtime
+    assert model_dir_for(d) == d
+    with pytest.raises(ValueError, match=r"^model='qwen4' is neither a model family \(mimo, qwen3, .*\) nor an HF"):
+        model_dir_for("qwen4")

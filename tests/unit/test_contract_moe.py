@@ -1,0 +1,105 @@
+"""The engine contract for the model families: MoE experts (SGLang's FusedMoE w13/w2), DeepSeek's MLA pair, and
+the FFN widths a CPU engine pads. Each engine layout here is the one the feasibility run read off a live SGLang
+0.5.23 engine; the integration tests (test_families.py) check the same against one."""
+
+import random
+
+import pytest
+import torch
+
+from labkit.engine.contract import engine_shape, ffn_padding, fused_part, part_counts, plan_group
+from labkit.models.families import FamilySpec, init_weights, tensor_shapes
+from labkit.sync.plan import TensorMeta, plan_buckets
+from labkit.sync.verify import Expected, engine_layout, expected_checksums, padded
+
+
+def test_expert_slices_map_to_fused_moe_rows():
+    p = "model.layers.3.mlp.experts"
+    assert fused_part(f"{p}.5.gate_proj.weight") == (f"{p}.w13_weight", 10, None)
+    assert fused_part(f"{p}.5.up_proj.weight") == (f"{p}.w13_weight", 11, None)
+    assert fused_part(f"{p}.5.down_proj.weight") == (f"{p}.w2_weight", 5, None)
+    shared = "model.layers.3.mlp.shared_experts.gate_proj.weight"  # DeepSeek's shared expert: a plain MLP
+    assert fused_part(shared) == ("model.layers.3.mlp.shared_experts.gate_up_proj.weight", 0, 2)
+    assert plan_group(f"{p}.5.gate_proj.weight") == f"{p}.5.gate_proj.weight"  # an expert slice loads alone
+    a = "model.layers.1.self_attn"
+    assert {plan_group(f"{a}.{n}.weight") for n in ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa")} == \
+        {f"{a}.fused_qkv_a_proj_with_mqa.weight"}
+    assert plan_group(f"{a}.kv_b_proj.weight") == f"{a}.kv_b_proj.weight"
+
+
+@pytest.mark.parametrize("family", ["qwen3-moe-tiny", "deepseek-v3"])
+def test_engine_layout_stacks_experts_as_fused_moe_does(family):
+    spec = FamilySpec(dense_layers=1 if family == "deepseek-v3" else 0)
+    named = init_weights(family, spec)
+    layout = engine_layout(named)
+    w13, w2 = layout["model.layers.1.mlp.experts.w13_weight"], layout["model.layers.1.mlp.experts.w2_weight"]
+    e = "model.layers.1.mlp.experts"
+    want13 = torch.stack([torch.cat([named[f"{e}.{i}.gate_proj.weight"], named[f"{e}.{i}.up_proj.weight"]])
+                          for i in range(spec.experts)])  # FusedMoE's [E, 2I, H]
+    want2 = torch.stack([named[f"{e}.{i}.down_proj.weight"] for i in range(spec.experts)])  # [E, H, I]
+    assert torch.equal(w13.view_as(want13), want13) and torch.equal(w2.view_as(want2), want2)
+    counts = part_counts(named)
+    assert counts[f"{e}.w13_weight"] == 2 * spec.experts and counts[f"{e}.w2_weight"] == spec.experts
+    if family == "deepseek-v3":
+        a = "model.layers.1.self_attn"
+        assert torch.equal(layout[f"{a}.fused_qkv_a_proj_with_mqa.weight"],
+                           torch.cat([named[f"{a}.q_a_proj.weight"], named[f"{a}.kv_a_proj_with_mqa.weight"]]))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_checksums_over_buckets_in_any_split_equal_the_whole_layout(seed):
+    """Expected hashes a layer's experts as a running sha256 over buckets; any bucket size, any FFN width a CPU
+    engine pads, tensors in any order within a bucket, must give the hash of the engine's whole padded parameter."""
+    rng = random.Random(seed)
+    experts, ffn, bucket = rng.randint(1, 6), rng.randint(1, 70), rng.randint(1, 40)
+    spec = FamilySpec(layers=1, hidden=8, heads=2, kv_heads=1, head_dim=4, experts=experts, top_k=1, moe_ffn=ffn,
+                      ffn=ffn, vocab=100, seed=seed)
+    named = init_weights("qwen3-moe-tiny", spec)
+    metas = [TensorMeta(n, tuple(t.shape), "float32") for n, t in named.items()]
+    plan = plan_buckets(metas, bucket * 256)
+    acc = Expected(part_counts(named), ffn_pad=32)
+    for b in plan.buckets:
+        names = list(b.names)
+        rng.shuffle(names)
+        acc.add({n: named[n] for n in names})
+    assert acc.finish() == expected_checksums(named, ffn_pad=32)
+
+
+def test_ffn_padding_follows_sglang_cpu_and_keeps_the_true_extent_first():
+    assert ffn_padding("cpu") == 32 and ffn_padding("cpu", tp=2) == 64 and ffn_padding("cuda") == 1
+    e = "model.layers.0.mlp.experts.3"
+    assert engine_shape(f"{e}.gate_proj.weight", (16, 32), 32) == (32, 32)
+    assert engine_shape(f"{e}.down_proj.weight", (32, 16), 32) == (32, 32)
+    assert engine_shape("model.layers.0.mlp.down_proj.weight", (64, 200), 32) == (64, 224)
+    assert engine_shape("model.layers.0.mlp.down_proj.weight", (64, 200), 1) == (64, 200)  # a GPU engine
+    assert engine_shape("model.layers.0.self_attn.o_proj.weight", (64, 200), 32) == (64, 200)
+    assert engine_shape("lm_head.weight", (131, 64), 32) == (192, 64)
+    t = torch.randn(16, 8)
+    p = padded(f"{e}.up_proj.weight", t, 32)
+    assert p.shape == (32, 8) and torch.equal(p[:16], t) and not p[16:].any()
+    d = padded(f"{e}.down_proj.weight", t.T.contiguous(), 32)
+    assert d.shape == (8, 32) and torch.equal(d[:, :16], t.T) and not d[:, 16:].any()
+
+
+def test_an_incomplete_expert_group_cannot_verify():
+    named = init_weights("qwen3-moe-tiny")
+    names = [n for n in named if ".experts." in n]
+    random.Random(0).shuffle(names)
+    acc = Expected(part_counts(named))
+    acc.add({n: named[n] for n in names[1:]})  # one slice never sent
+    got = acc.finish()
+    want = expected_checksums(named)
+    assert sum(got[k] != want[k] for k in got if k in want) == 1
+    with pytest.raises(ValueError, match="how many tensors fill 'model.layers.0.mlp.experts.w2_weight' is unknown"):
+        Expected().add({"model.layers.0.mlp.experts.0.down_proj.weight": named[names[0]]})
+
+
+def test_every_family_checkpoint_fills_each_fused_parameter():
+    for family in ("qwen3", "qwen3-moe", "deepseek-v3"):
+        shapes = tensor_shapes(family)
+        sizes = {fused_part(n)[0]: fused_part(n)[2] for n in shapes if fused_part(n)}
+        for key, n in part_counts(shapes).items():
+            want = sizes[key] or (2 if key.endswith(".w13_weight") else 1) * FamilySpec().experts
+            if family == "qwen3-moe" and sizes[key] is None:
+                want = want // FamilySpec().experts * 84  # the 4,179-tensor preset: 84 experts per layer
+            assert n == want, (family, key)
