@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-# mbridge model types labkit has exercised; others in mbridge's registry work on GPU at the user's risk.
+# mbridge model types labkit has run end to end (README, Model families); others in mbridge's registry are refused.
 KNOWN_MODEL_TYPES = ("mimo", "qwen2", "qwen3", "llama", "qwen3_moe", "deepseek_v3")
 
 
@@ -29,15 +29,14 @@ def read_config_json(model_dir: str | Path) -> dict:
 
 
 def check_parallel(cfg: dict, tp: int, pp: int) -> None:
-    """TP must divide the attention and KV heads and the vocabulary, PP the layers (checked before any process
-    starts: otherwise Megatron's `AssertionError: 131 is not divisible by 2` surfaces deep inside a Ray actor).
-    The vocabulary is not padded for TP yet (Megatron-LM's make_vocab_size_divisible_by; issue 13)."""
+    """TP must divide the attention and KV heads, PP the layers (checked before any process starts: otherwise
+    Megatron's assertion surfaces deep inside a Ray actor). A vocabulary TP does not divide is padded in the
+    trainer (labkit.trainer.vocab)."""
     heads = cfg.get("num_attention_heads", 1)
-    for what in ("num_attention_heads", "num_key_value_heads", "vocab_size"):
-        n = cfg.get(what, heads if what != "vocab_size" else tp)
+    for what in ("num_attention_heads", "num_key_value_heads"):
+        n = cfg.get(what, heads)
         if n % tp:
-            raise ValueError(f"tp={tp} is invalid: it must divide {what}={n}"
-                             + (" (the vocabulary is not padded for TP yet)" if what == "vocab_size" else ""))
+            raise ValueError(f"tp={tp} is invalid: it must divide {what}={n}")
     layers = cfg.get("num_hidden_layers", 1)
     if layers % pp:
         raise ValueError(f"pp={pp} is invalid: it must divide num_hidden_layers={layers}")

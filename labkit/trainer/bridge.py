@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from labkit.models.hf import fix_rope_theta
-from labkit.trainer import mla
+from labkit.trainer import mla, vocab
 from labkit.trainer.moe import patch_moe
 
 SWAP_HALVES = ("eh_proj.weight",)
@@ -83,6 +83,7 @@ def patch_bridge(bridge):
 
     bridge._get_gptmodel_args = gptmodel_args.__get__(bridge)
     patch_moe(bridge, use_te)
+    vocab.pad_vocab(bridge, bridge.mpu.tp_size)
 
     if is_mimo:
         to_mcore, to_hf = bridge._weight_to_mcore_format, bridge._weight_to_hf_format

@@ -71,6 +71,9 @@ def bench_table(run: dict) -> list[str]:
                       f"{run['bench/peak_extra_bytes_measured'] / 1e6:.0f} MB measured (the kernel's resident "
                       f"high-water mark), against a contract of 2 × bucket + largest tensor = "
                       f"{(2 * run['bench/bucket_bytes'] + run['bench/largest_tensor_bytes']) / 1e6:.0f} MB.")
+    if "bench/engine_apply_share" in run:
+        lines[-1] += (" Share of an end-to-end sync spent in the engine's apply call: " + ", ".join(
+            f"{t} {run[f'bench/engine_apply_share/{t}']:.0%}" for t in ("per-tensor", "colocated", "distributed")) + ".")
     return lines
 
 
@@ -140,6 +143,7 @@ TABLES = {"mtp": ("mtp_experiment_cpu.json", mtp_table),
           "mtp-objectives": ("mtp_sweep_*.json", drafts_table), "faults": ("faults_cpu.json", faults_table),
           "serve-sync": ("bench_serve_sync_cpu.json", serve_table),
           "bench-sync": ("bench_sync_cpu.json", bench_table), "bench-delta": ("bench_delta_cpu.json", delta_table),
+          "bench-sync-moe": ("bench_sync_moe_cpu.json", bench_table),
           "roofline": ("roofline_published.json", roofline_table),
           "roofline-models": ("roofline_published.json", roofline_models_table)}
 

@@ -41,6 +41,17 @@ def restore_model_dir(engine, model_dir) -> None:
     engine.set_weight_version("default")
 
 
+def gone_within(pids, seconds: float = 20.0) -> list[int]:
+    """`live(pids)` once they have all exited, or at the end of `seconds` (a killed Ray actor's process exits
+    shortly after `ray.kill` returns, while the cluster keeps running)."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while (left := live(pids)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
 def live(pids) -> list[int]:
     import psutil
 

@@ -14,13 +14,18 @@ import torch
 from labkit.config import ParallelSpec, TrainConfig
 from labkit.models.families import FamilySpec, make_family, tensor_shapes
 from labkit.sync import SyncConfig, sync
-from tests.integration.conftest import engine_config, live, shm_leftovers
+from tests.integration.conftest import engine_config, gone_within, shm_leftovers
 
 pytestmark = pytest.mark.integration
 
-FAMILIES = {"qwen3-moe": ("qwen3-moe-tiny", FamilySpec(vocab=131, moe_ffn=16)),
+FAMILIES = {"qwen3": ("qwen3", FamilySpec(vocab=131, ffn=200)),  # dense FFN 200: padded to 224 on a CPU engine
+            "qwen3-moe": ("qwen3-moe-tiny", FamilySpec(vocab=131, moe_ffn=16)),
             "deepseek-v3": ("deepseek-v3", FamilySpec(vocab=131, moe_ffn=16, dense_layers=1))}
-MOE_LAYERS = {"qwen3-moe": 2, "deepseek-v3": 1}
+MOE_LAYERS = {"qwen3": 0, "qwen3-moe": 2, "deepseek-v3": 1}
+L1 = "model.layers.1"
+READ_BACK = {"qwen3": (f"{L1}.mlp.up_proj.weight", f"{L1}.mlp.down_proj.weight"),
+             "qwen3-moe": (f"{L1}.mlp.experts.5.up_proj.weight", f"{L1}.mlp.experts.7.down_proj.weight"),
+             "deepseek-v3": (f"{L1}.mlp.experts.5.up_proj.weight", f"{L1}.self_attn.kv_a_proj_with_mqa.weight")}
 PROBE = torch.randint(4, 100, (2, 24), generator=torch.Generator().manual_seed(0))
 
 
@@ -47,7 +52,7 @@ def moe_engine(moe_dir):
         yield handle
     finally:
         handle.shutdown()
-    assert not live([info["pid"], *info["children"]]), "engine shutdown left processes"
+    assert not gone_within([info["pid"], *info["children"]]), "engine shutdown left processes"
     assert not shm_leftovers([info["pid"]])
 
 
@@ -127,13 +132,13 @@ def test_every_transport_syncs_trained_experts_bitwise(transport, family, moe_tr
     assert [o["tokens"] for o in got] == moe_trainer.greedy(ids, 6, eos_id=EOS)
 
 
-def test_an_expert_reads_back_by_its_hf_name_and_full_verification_passes(family, moe_trainer, moe_engine):
+def test_a_fused_slice_reads_back_by_its_hf_name_and_full_verification_passes(family, moe_trainer, moe_engine):
     m = sync(moe_trainer, moe_engine, SyncConfig(verify="full", progress=False))
     assert m["sync/verified"] is True and m["verify/num_checked"] == len(tensor_shapes(*FAMILIES[family]))
-    exported = dict(moe_trainer.export())
-    for name in ("model.layers.1.mlp.experts.5.up_proj.weight", "model.layers.1.mlp.experts.7.down_proj.weight"):
+    exported, shapes = dict(moe_trainer.export()), tensor_shapes(*FAMILIES[family])
+    for name in READ_BACK[family]:  # the checkpoint's extent of a padded block, a slice of a fused parameter
         got = moe_engine.get_weights_by_name(name)
-        assert got.shape == exported[name].shape == ((16, 64) if "up_proj" in name else (64, 16))
+        assert tuple(got.shape) == tuple(exported[name].shape) == shapes[name]
         assert torch.equal(got, exported[name])
 
 

@@ -39,9 +39,18 @@ def test_tp_that_does_not_divide_heads_is_named():
     with pytest.raises(ValueError, match=r"pp=3 .*num_hidden_layers=2"):
         check_parallel(cfg, 1, 3)
     check_parallel(cfg, 2, 2)
-    with pytest.raises(ValueError, match=r"tp=2 .*vocab_size=131"):  # a checkpoint's odd vocabulary, named early
-        check_parallel({**cfg, "vocab_size": 131}, 2, 1)
-    check_parallel({**cfg, "vocab_size": 131}, 1, 1)
+    check_parallel({**cfg, "vocab_size": 131}, 2, 1)  # an odd vocabulary is padded in the trainer (trainer.vocab)
+
+
+def test_vocab_padding_follows_megatron_lm_only_where_tp_does_not_divide():
+    from labkit.trainer.vocab import padded_size
+
+    assert padded_size(131, 1) == 131 and padded_size(128, 2) == 128 and padded_size(130, 2) == 130
+    assert padded_size(131, 2) == 256 and padded_size(131, 4) == 512 and padded_size(257, 2) == 512
+    for vocab in range(100, 400, 7):
+        for tp in (1, 2, 3, 4, 8):
+            size = padded_size(vocab, tp)
+            assert size >= vocab and size % tp == 0 and (size == vocab or size % 128 == 0)
 
 
 def test_missing_config_json_and_unknown_model_type(tmp_path):
