@@ -50,7 +50,7 @@ def cmd_sync(args) -> int:
     # Validate every flag before anything starts.
     cfg = SyncConfig(transport=args.transport, bucket_mb=args.bucket_mb, memory_budget_mb=args.memory_budget_mb,
                      verify=args.verify, progress=not args.json)
-    parallel = ParallelSpec(tp=args.tp, pp=args.pp)
+    parallel = ParallelSpec(tp=args.tp, pp=args.pp, ep=args.ep)
     where = PlacementSpec(mode=args.placement, trainer_resource=args.trainer_resource,
                           engine_resource=args.engine_resource, engines=args.engines)
     with Workbench(args.model, parallel, engine_url=args.engine_url, placement=where) as wb:
@@ -177,7 +177,7 @@ def _add_main_commands(sub) -> None:
     add_arguments(d, EngineConfig, ("url",), base=EngineConfig(model_dir="data/tiny-mimo"),
                   flags={"url": "--engine-url"})
     d.add_argument("--steps", type=int, default=3)
-    add_arguments(d, ParallelSpec, ("tp", "pp"))
+    add_arguments(d, ParallelSpec, ("tp", "pp", "ep"))
     add_arguments(d, PlacementSpec, ("mode", "trainer_resource", "engine_resource", "engines"),
                   flags={"mode": "--placement"})
     d.add_argument("--json", action="store_true")

@@ -182,14 +182,18 @@ class ParallelSpec:
     """Megatron tensor-parallel size."""
     pp: int = 1
     """Megatron pipeline-parallel size."""
+    ep: int = 1
+    """Megatron expert-parallel size (MoE models): each of `ep` ranks holds 1/ep of every layer's experts and a
+    replica of the rest of the model (data-parallel over the same batch, so losses equal ep=1's)."""
 
     def __post_init__(self) -> None:
         _int("tp", self.tp)
         _int("pp", self.pp)
+        _int("ep", self.ep)
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.pp
+        return self.tp * self.pp * self.ep
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

@@ -28,10 +28,16 @@ def read_config_json(model_dir: str | Path) -> dict:
     return cfg
 
 
-def check_parallel(cfg: dict, tp: int, pp: int) -> None:
-    """TP must divide the attention and KV heads, PP the layers (checked before any process starts: otherwise
-    Megatron's assertion surfaces deep inside a Ray actor). A vocabulary TP does not divide is padded in the
-    trainer (labkit.trainer.vocab)."""
+def check_parallel(cfg: dict, tp: int, pp: int, ep: int = 1) -> None:
+    """TP must divide the attention and KV heads, PP the layers, EP the routed experts of an MoE model (checked
+    before any process starts: otherwise Megatron's assertion surfaces deep inside a Ray actor). A vocabulary TP
+    does not divide is padded in the trainer (labkit.trainer.vocab)."""
+    experts = next((int(cfg[k]) for k in ("num_experts", "num_local_experts", "n_routed_experts") if cfg.get(k)), 0)
+    if ep > 1 and not experts:
+        raise ValueError(f"ep={ep} is invalid: {cfg.get('model_type')!r} has no experts (expert parallelism is for "
+                         "MoE models)")
+    if experts % ep:
+        raise ValueError(f"ep={ep} is invalid: it must divide the routed experts ({experts})")
     heads = cfg.get("num_attention_heads", 1)
     for what in ("num_attention_heads", "num_key_value_heads"):
         n = cfg.get(what, heads)

@@ -10,10 +10,13 @@ Here the trunk's gradients are clipped by the trunk's norm and the MTP layers' b
 Megatron clips (coefficient clip_grad / (norm + 1e-6), applied when below 1), on the DDP `main_grad` buffers
 before `optimizer.step()` (whose own clip is off: OptimizerConfig.clip_grad=0). The norm counts each parameter
 once: shared and tensor-parallel duplicate parameters are left out of it, as Megatron leaves them out, and it is
-reduced over the model-parallel group.
+reduced over the model-parallel group (under expert parallelism, the experts' part over the expert
+model-parallel group, as Megatron's chained optimizer does).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -45,11 +48,20 @@ def clip_by_group(models, clip_grad: float) -> dict[str, float]:
     norms = {}
     for group, params in _groups(models).items():
         grads = [g for g in (_grad(p) for p in params) if g is not None]
-        counted = [_grad(p) for p in params if _grad(p) is not None and param_is_not_shared(p)
+        counted = [p for p in params if _grad(p) is not None and param_is_not_shared(p)
                    and param_is_not_tensor_parallel_duplicate(p)]
         # Every rank takes part in the norm's all-reduce, also one whose stage holds none of the group (with PP the
         # MTP layers live on the last stage only; a first stage that skipped it left the last one waiting).
-        norm = float(get_grad_norm_fp32(counted, grad_stats_parallel_group=ps.get_model_parallel_group()))
+        if ps.get_expert_model_parallel_world_size() == 1:
+            norm = float(get_grad_norm_fp32([_grad(p) for p in counted],
+                                            grad_stats_parallel_group=ps.get_model_parallel_group()))
+        else:  # experts are split over EP ranks: their norm is reduced over the expert model-parallel group
+            dense = [_grad(p) for p in counted if getattr(p, "allreduce", True)]
+            expert = [_grad(p) for p in counted if not getattr(p, "allreduce", True)]
+            expert_group = ps.get_expert_tensor_model_pipeline_parallel_group()
+            norm = math.hypot(
+                float(get_grad_norm_fp32(dense, grad_stats_parallel_group=ps.get_model_parallel_group())),
+                float(get_grad_norm_fp32(expert, grad_stats_parallel_group=expert_group)))
         coeff = clip_grad / (norm + 1.0e-6)
         if coeff < 1.0:
             for g in grads:

@@ -32,7 +32,7 @@ class Trainer:
 
         self.parallel, self.train_cfg = parallel or ParallelSpec(), train or TrainConfig()
         # Fail on a bad directory or layout before any process starts.
-        check_parallel(read_config_json(model_dir), self.parallel.tp, self.parallel.pp)
+        check_parallel(read_config_json(model_dir), self.parallel.tp, self.parallel.pp, self.parallel.ep)
         runtime.init()
         world = self.parallel.world_size
         threads = max(1, (os.cpu_count() or 1) // world)

@@ -39,7 +39,7 @@ def _init_distributed(rank: int, world_size: int, master_addr: str, master_port:
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(minutes=5))
     if not ps.model_parallel_is_initialized():
-        ps.initialize_model_parallel(parallel.tp, parallel.pp)
+        ps.initialize_model_parallel(parallel.tp, parallel.pp, expert_model_parallel_size=parallel.ep)
 
 
 class TrainerRank:

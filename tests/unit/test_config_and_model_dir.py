@@ -28,6 +28,7 @@ def test_parallel_and_train_config_validate():
     with pytest.raises(ValueError, match="mtp_target='policy'.*mtp_detach=True"):
         TrainConfig(mtp_target="policy")  # the KL must not pull the trunk towards the draft
     assert ParallelSpec(tp=2, pp=2).world_size == 4
+    assert ParallelSpec(tp=2, ep=2).world_size == 4  # EP ranks are data-parallel replicas of the dense part
 
 
 def test_tp_that_does_not_divide_heads_is_named():
@@ -40,6 +41,14 @@ def test_tp_that_does_not_divide_heads_is_named():
         check_parallel(cfg, 1, 3)
     check_parallel(cfg, 2, 2)
     check_parallel({**cfg, "vocab_size": 131}, 2, 1)  # an odd vocabulary is padded in the trainer (trainer.vocab)
+    with pytest.raises(ValueError, match=r"^ep=2 is invalid: 'mimo' has no experts"):
+        check_parallel(cfg, 1, 1, 2)
+    moe = {"model_type": "qwen3_moe", "num_attention_heads": 4, "num_key_value_heads": 2, "num_experts": 8}
+    check_parallel(moe, 1, 1, 2)
+    with pytest.raises(ValueError, match=r"^ep=3 is invalid: it must divide the routed experts \(8\)"):
+        check_parallel(moe, 1, 1, 3)
+    with pytest.raises(ValueError, match=r"^ep=0 is invalid"):
+        ParallelSpec(ep=0)
 
 
 def test_vocab_padding_follows_megatron_lm_only_where_tp_does_not_divide():
