@@ -103,3 +103,52 @@ def test_every_family_checkpoint_fills_each_fused_parameter():
             if family == "qwen3-moe" and sizes[key] is None:
                 want = want // FamilySpec().experts * 84  # the 4,179-tensor preset: 84 experts per layer
             assert n == want, (family, key)
+
+
+def _random_spec(rng: random.Random, family: str) -> FamilySpec:
+    heads, layers = rng.choice([1, 2, 3, 4, 6]), rng.randint(1, 3)
+    return FamilySpec(hidden=rng.randint(4, 40), layers=layers, heads=heads,
+                      kv_heads=rng.choice([d for d in range(1, heads + 1) if heads % d == 0]),
+                      head_dim=2 * rng.randint(1, 8), ffn=rng.randint(1, 90), experts=rng.randint(1, 5), top_k=1,
+                      moe_ffn=rng.randint(1, 70), vocab=rng.randint(100, 300), q_lora=rng.randint(1, 20),
+                      kv_lora=rng.randint(1, 20), rope_head_dim=2 * rng.randint(1, 4),
+                      dense_layers=rng.randint(0, min(1, layers - 1)) if family == "deepseek-v3" else 0,
+                      seed=rng.randint(0, 99))
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3-moe-tiny", "deepseek-v3"])
+@pytest.mark.parametrize("seed", range(8))
+def test_engine_layout_of_random_odd_sizes_has_sglang_cpu_shapes(family, seed):
+    """Over random odd sizes of every family: the verifier's engine layout has the shapes a CPU SGLang engine
+    allocates (written here from SGLang's rules, not from labkit's), padding is zero, and checksums built bucket by
+    bucket equal the whole layout's."""
+    rng = random.Random(seed)
+    s = _random_spec(rng, family)
+    named = init_weights(family, s)
+    layout = engine_layout(named, ffn_pad=32)
+    pad32 = lambda n: -(-n // 32) * 32  # noqa: E731
+    assert layout["model.embed_tokens.weight"].shape == (-(-s.vocab // 64) * 64, s.hidden)
+    for i in range(s.layers):
+        p = f"model.layers.{i}"
+        dense = family == "qwen3" or i < s.dense_layers
+        if family != "deepseek-v3":
+            qkv = (s.heads + 2 * s.kv_heads) * s.head_dim
+            assert layout[f"{p}.self_attn.qkv_proj.weight"].shape == (qkv, s.hidden)
+        else:
+            a = layout[f"{p}.self_attn.fused_qkv_a_proj_with_mqa.weight"]
+            assert a.shape == (s.q_lora + s.kv_lora + s.rope_head_dim, s.hidden)
+        if dense:
+            assert layout[f"{p}.mlp.gate_up_proj.weight"].shape == (2 * pad32(s.ffn), s.hidden)
+            assert layout[f"{p}.mlp.down_proj.weight"].shape == (s.hidden, pad32(s.ffn))
+            assert not layout[f"{p}.mlp.down_proj.weight"][:, s.ffn:].any()
+        else:
+            w13 = layout[f"{p}.mlp.experts.w13_weight"].view(s.experts, 2 * pad32(s.moe_ffn), s.hidden)
+            w2 = layout[f"{p}.mlp.experts.w2_weight"].view(s.experts, s.hidden, pad32(s.moe_ffn))
+            assert not w13[:, s.moe_ffn:pad32(s.moe_ffn)].any() and not w2[:, :, s.moe_ffn:].any()
+            e = 3 % s.experts
+            assert torch.equal(w13[e, :s.moe_ffn], named[f"{p}.mlp.experts.{e}.gate_proj.weight"])
+    metas = [TensorMeta(n, tuple(t.shape), "float32") for n, t in named.items()]
+    acc = Expected(part_counts(named), ffn_pad=32)
+    for b in plan_buckets(metas, rng.randint(1, 64) * 128).buckets:
+        acc.add({n: named[n] for n in b.names})
+    assert acc.finish() == expected_checksums(named, ffn_pad=32)
