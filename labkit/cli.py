@@ -100,7 +100,9 @@ def cmd_serve_sync(args) -> int:
     default = ("abort",) if args.backend == "actor" else sb.MODES  # the actor answers one call at a time
     modes = tuple(m.strip() for m in args.modes.split(",")) if args.modes else default
     cfg = sb.ServeBenchConfig(modes=modes, syncs=args.syncs, max_requests=args.max_requests, backend=args.backend)
-    out = sb.run(cfg, model_dir=args.model, progress=not args.json)
+    from labkit.models.families import model_dir_for
+
+    out = sb.run(cfg, model_dir=model_dir_for(args.model) if args.model else None, progress=not args.json)
     write_run(out, args.out)
     emit(out, args.json)
     return 0 if out["serve/ok"] else 1
