@@ -37,6 +37,7 @@ class Trainer:
         world = self.parallel.world_size
         threads = max(1, (os.cpu_count() or 1) // world)
         gpu = 1 if ray.cluster_resources().get("GPU", 0) >= world else 0
+        _check_moe_tp(read_config_json(model_dir), self.parallel, gpu)
         actor = ray.remote(TrainerRank)
         self.actors = []
         for r in range(world):
@@ -164,3 +165,16 @@ def error_line(e: BaseException) -> str:
     lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(" ")]
     last = lines[-1] if lines else type(e).__name__
     return last if len(last) < 400 else last[:400] + "…"
+
+
+def _check_moe_tp(cfg: dict, parallel: ParallelSpec, gpu: int) -> None:
+    """Refuse, before any trainer process starts, what cannot train on CPU ranks: an MoE model at TP > 1. Megatron
+    trains MoE with TP only under sequence parallelism ("performance may degrade if MoE and tensor parallelism
+    are enabled without also enabling sequence parallelism", moe_layer.py), which the torch LayerNorm of the
+    local spec (no Transformer Engine, no GPU) refuses ("sequence parallel not supported by torch LayerNorm")."""
+    experts = any(cfg.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+    if experts and parallel.tp > 1 and not gpu:
+        raise ValueError(f"tp={parallel.tp} is invalid for an MoE model on CPU trainer ranks: Megatron needs "
+                         "sequence parallelism for MoE with TP, which its LayerNorm without Transformer Engine "
+                         "refuses; use ep (expert parallelism) instead")
+

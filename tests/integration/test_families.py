@@ -162,20 +162,23 @@ def test_mla_pair_split_over_two_calls_is_never_written_and_the_baseline_keeps_i
     assert m["sync/verified"] is True and moe_engine.checksums()[fused] != before
 
 
+LAYOUTS = {"ep1": ParallelSpec(), "ep2": ParallelSpec(ep=2), "pp2": ParallelSpec(pp=2)}
+
+
 @pytest.mark.parametrize("family", ["qwen3-moe", "deepseek-v3"], indirect=True)
-def test_expert_parallel_trains_like_one_rank_and_its_export_syncs(family, moe_dir, moe_engine):
-    """EP=2: each of two ranks holds half of every layer's experts; losses and the trained export equal EP=1's,
-    and the export (experts gathered across the EP group by mbridge) lands in the engine bitwise."""
+def test_expert_and_pipeline_parallel_train_like_one_rank_and_their_export_syncs(family, moe_dir, moe_engine):
+    """EP=2 (each of two ranks holds half of every layer's experts) and PP=2: losses and the trained export equal
+    one rank's, and the EP=2 export (experts gathered across the EP group by mbridge) lands in the engine bitwise."""
     from labkit.models.tokenizer import EOS, encode
     from labkit.tasks import arith
     from labkit.trainer.group import Trainer
 
     runs = {}
-    for ep in (1, 2):
-        t = Trainer(str(moe_dir), ParallelSpec(ep=ep), TrainConfig(lr=3e-3))
+    for name, layout in LAYOUTS.items():
+        t = Trainer(str(moe_dir), layout, TrainConfig(lr=3e-3))
         try:
-            runs[ep] = (_train(t, 3, seed=21), dict(t.export()))
-            if ep == 2:
+            runs[name] = (_train(t, 3, seed=21), dict(t.export()))
+            if name == "ep2":
                 m = sync(t, moe_engine, SyncConfig(transport="colocated", bucket_mb=0.05, progress=False))
                 assert m["sync/verified"] is True and m["sync/num_unverified"] == 0, m
                 ids = [encode(p.prompt) for p in arith.problems(4, seed=78)]
@@ -183,8 +186,13 @@ def test_expert_parallel_trains_like_one_rank_and_its_export_syncs(family, moe_d
                 assert [o["tokens"] for o in got] == t.greedy(ids, 6, eos_id=EOS)
         finally:
             t.shutdown()
-    (loss1, w1), (loss2, w2) = runs[1], runs[2]
-    assert max(abs(a - b) for a, b in zip(loss1, loss2)) <= 1e-5, (loss1, loss2)
-    assert w1.keys() == w2.keys() and max((w1[n] - w2[n]).abs().max().item() for n in w1) <= 1e-5
+    loss1, w1 = runs["ep1"]
+    for name in ("ep2", "pp2"):
+        loss, w = runs[name]
+        assert max(abs(a - b) for a, b in zip(loss1, loss)) <= 1e-5, (name, loss1, loss)
+        assert w1.keys() == w.keys() and max((w1[n] - w[n]).abs().max().item() for n in w1) <= 1e-5, name
     with pytest.raises(ValueError, match=r"ep=3 is invalid: it must divide the routed experts \(8\)"):
         Trainer(str(moe_dir), ParallelSpec(ep=3))
+    if not torch.cuda.is_available():  # MoE with TP needs sequence parallelism, which the CPU LayerNorm refuses
+        with pytest.raises(ValueError, match=r"^tp=2 is invalid for an MoE model on CPU trainer ranks"):
+            Trainer(str(moe_dir), ParallelSpec(tp=2))
