@@ -28,11 +28,21 @@ def read_config_json(model_dir: str | Path) -> dict:
     return cfg
 
 
+EXPERT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def num_experts(cfg) -> int:
+    """Routed experts per MoE layer (0: dense) of a config.json dict or a transformers config: Qwen3-MoE's
+    num_experts (saved as num_local_experts), DeepSeek-V3's n_routed_experts."""
+    get = cfg.get if isinstance(cfg, dict) else (lambda k: getattr(cfg, k, None))
+    return next((int(get(k)) for k in EXPERT_FIELDS if get(k)), 0)
+
+
 def check_parallel(cfg: dict, tp: int, pp: int, ep: int = 1) -> None:
     """TP must divide the attention and KV heads, PP the layers, EP the routed experts of an MoE model (checked
     before any process starts: otherwise Megatron's assertion surfaces deep inside a Ray actor). A vocabulary TP
     does not divide is padded in the trainer (labkit.trainer.vocab)."""
-    experts = next((int(cfg[k]) for k in ("num_experts", "num_local_experts", "n_routed_experts") if cfg.get(k)), 0)
+    experts = num_experts(cfg)
     if ep > 1 and not experts:
         raise ValueError(f"ep={ep} is invalid: {cfg.get('model_type')!r} has no experts (expert parallelism is for "
                          "MoE models)")

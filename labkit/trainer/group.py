@@ -7,7 +7,7 @@ import os
 from labkit.cluster import runtime
 from labkit.compat import sglang as compat_sglang
 from labkit.config import ParallelSpec, TrainConfig
-from labkit.models.hf import check_parallel, read_config_json
+from labkit.models.hf import check_parallel, num_experts, read_config_json
 from labkit.trainer.rank import TrainerRank
 
 
@@ -172,8 +172,7 @@ def _check_moe_tp(cfg: dict, parallel: ParallelSpec, gpu: int) -> None:
     trains MoE with TP only under sequence parallelism ("performance may degrade if MoE and tensor parallelism
     are enabled without also enabling sequence parallelism", moe_layer.py), which the torch LayerNorm of the
     local spec (no Transformer Engine, no GPU) refuses ("sequence parallel not supported by torch LayerNorm")."""
-    experts = any(cfg.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
-    if experts and parallel.tp > 1 and not gpu:
+    if num_experts(cfg) and parallel.tp > 1 and not gpu:
         raise ValueError(f"tp={parallel.tp} is invalid for an MoE model on CPU trainer ranks: Megatron needs "
                          "sequence parallelism for MoE with TP, which its LayerNorm without Transformer Engine "
                          "refuses; use ep (expert parallelism) instead")

@@ -20,21 +20,13 @@ from __future__ import annotations
 
 import re
 
+from labkit.models.hf import num_experts
+
 # The Megatron config fields set for MoE without TE (through mbridge's extra_args, which survive
 # `set_extra_args` rebuilding the config).
 CPU_MOE_ARGS = {"persist_layer_norm": False, "moe_token_dispatcher_type": "allgather", "variable_seq_lengths": False,
                 "moe_grouped_gemm": False, "moe_shared_expert_overlap": False}
 _LOCAL_EXPERT = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.local_experts\.(?P<i>\d+)\.(?P<fc>linear_fc[12])\.weight$")
-
-
-def num_experts(hf_config) -> int:
-    """Routed experts per MoE layer of an HF config (0 for a dense model): Qwen3-MoE's num_experts (saved as
-    num_local_experts), DeepSeek-V3's n_routed_experts."""
-    for field in ("num_experts", "num_local_experts", "n_routed_experts"):
-        n = getattr(hf_config, field, None)
-        if n:
-            return int(n)
-    return 0
 
 
 def sequential_name(name: str, offset: int = 0) -> str:

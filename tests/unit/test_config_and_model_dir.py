@@ -49,6 +49,11 @@ def test_tp_that_does_not_divide_heads_is_named():
         check_parallel(moe, 1, 1, 3)
     with pytest.raises(ValueError, match=r"^ep=0 is invalid"):
         ParallelSpec(ep=0)
+    from types import SimpleNamespace
+
+    from labkit.models.hf import num_experts
+
+    assert num_experts(moe) == num_experts(SimpleNamespace(n_routed_experts=8)) == 8 and num_experts(cfg) == 0
 
 
 def test_vocab_padding_follows_megatron_lm_only_where_tp_does_not_divide():

@@ -84,17 +84,13 @@ class MiMoForCausalLM(LabkitWeights, _SGLangMiMo):
         return _SGLangMiMo.load_weights(self, self._divert_mtp(weights))
 
     def _divert_mtp(self, weights):
-        store = None
         for name, loaded in weights:
             if "mtp_layers" not in name:
                 yield name, loaded
                 continue
-            if store is None:
-                store = dict(self.model.mtp_layers.named_parameters(prefix="model.mtp_layers")) \
-                    if self.num_mtp_layers else {}
-            self._load_mtp(store, name, loaded)
+            self._load_mtp(name, loaded)
 
-    def _load_mtp(self, store: dict, name: str, loaded: torch.Tensor) -> None:
+    def _load_mtp(self, name: str, loaded: torch.Tensor) -> None:
         if any(s in name for s in IGNORED):
             return
         m = _MTP_NAME.match(name)
@@ -104,7 +100,7 @@ class MiMoForCausalLM(LabkitWeights, _SGLangMiMo):
                              f"model.mtp_layers.{{i}}.<HF name>)")
         found = self.param_view(name)  # the store's slice for it: fused row block, true extent of a padded FFN
         if found is None:
-            store_names = sorted({_MTP_NAME.match(p)[2] for p in store})
+            store_names = sorted(n for n, _ in self.model.mtp_layers[0].named_parameters())
             raise ValueError(f"labkit MiMo: unknown MTP tensor {name!r}; the draft store holds {store_names} per layer")
         dst = found[1]
         if tuple(loaded.shape) != tuple(dst.shape):  # copy_ would broadcast silently
