@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 import torch
 
 from labkit import failpoints as fp
-from labkit.engine import delta
+from labkit.engine import delta, direct
 from labkit.engine.config import APPLY_FORMAT
 
 FORMAT = APPLY_FORMAT  # the import path SGLang resolves: this module's `load_flat` (unit-tested)
@@ -96,6 +96,9 @@ def load_flat(model, named_tensors) -> None:
     """SGLang's custom-loader entry point: `named_tensors` is `[(layout_key, flat uint8 buffer)]`."""
     _memo_derived_weight_check()
     for key, flat in named_tensors:
+        if isinstance(key, str) and key.startswith(direct.DONE_PREFIX):  # the trainer wrote the parameters itself
+            _after_apply(model, direct.written(key))
+            continue
         if isinstance(key, str) and key.startswith(DELTA_PREFIX):
             _apply_delta(model, key, flat)
             continue

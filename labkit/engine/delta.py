@@ -12,14 +12,17 @@ Two payload encodings, one flat uint8 buffer each; per bucket the smaller one is
   bf16, and no mask to build or unpack: the smaller one below 1/32 (real models' 1-3 %).
 A bucket whose payload would not be smaller than itself is sent whole.
 
-Pure torch: the trainer encodes (labkit.sync.delta keeps its copy of what the engine holds), the engine
-decodes into its parameters (labkit.engine.apply); neither side imports the other.
+Pure torch and numpy (on CPU numpy's compare, `flatnonzero` and `packbits` take about half the time of torch's
+`ne` + `nonzero` + a bit-packing sum: 23 ms against 42 ms for a 32 MB bf16 bucket with 13 % changed). The
+trainer encodes (labkit.sync.delta keeps its copy of what the engine holds), the engine decodes into its
+parameters (labkit.engine.apply); neither side imports the other.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 WORDS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -53,6 +56,8 @@ def payload_bytes(n_words: int, n_changed: int, word: int, encoding: str = "mask
 
 def pack_bits(mask: torch.Tensor) -> torch.Tensor:
     """bool[n] -> uint8[ceil(n / 8)], bit i of byte j is mask[8j + i]."""
+    if not mask.is_cuda:
+        return torch.from_numpy(np.packbits(mask.numpy(), bitorder="little"))
     n = mask.numel()
     if n % 8:
         mask = torch.cat([mask, mask.new_zeros(8 - n % 8)])
@@ -61,6 +66,8 @@ def pack_bits(mask: torch.Tensor) -> torch.Tensor:
 
 def unpack_bits(bits: torch.Tensor, n: int) -> torch.Tensor:
     """uint8[ceil(n / 8)] -> bool[n] (the inverse of `pack_bits`)."""
+    if not bits.is_cuda:
+        return torch.from_numpy(np.unpackbits(bits.numpy(), count=n, bitorder="little").view(np.bool_))
     return (bits.unsqueeze(1) & _BITS).ne(0).view(-1)[:n]
 
 
@@ -70,15 +77,14 @@ def encode(new: torch.Tensor, old: torch.Tensor, word: int, out: torch.Tensor) -
     `new`, `old`: uint8 buffers of one bucket (same length, a multiple of `word`). Returns (payload view of `out`,
     words changed, encoding), or None when no payload would be smaller than `new` itself (send it whole then;
     `old` is still brought up to date). Bitwise: a NaN or a -0.0 that did not change is not sent. Found through
-    the changed words' indices (`nonzero`): on CPU a boolean `sum` or `masked_select` over 80 M words took 0.7 s
+    the changed words' indices (`_changed`): on CPU a boolean `sum` or `masked_select` over 80 M words took 0.7 s
     and 2 s, the indices 0.15 s.
     """
     if new.numel() != old.numel() or new.numel() % word:
         raise ValueError(f"delta encode: bucket of {new.numel()} bytes against a copy of {old.numel()} "
                          f"(word {word})")
     w_new, w_old = new.view(WORDS[word]), old.view(WORDS[word])
-    changed = w_new.ne(w_old)
-    where = changed.nonzero().squeeze(1)
+    changed, where = _changed(w_new, w_old)
     n, k = w_new.numel(), where.numel()
     size, encoding = min((payload_bytes(n, k, word, e), e) for e in ENCODINGS)
     if size >= new.numel():
@@ -96,6 +102,19 @@ def encode(new: torch.Tensor, old: torch.Tensor, word: int, out: torch.Tensor) -
     torch.index_select(w_new, 0, where, out=out[head:size].view(WORDS[word]))
     old.copy_(new)
     return out[:size], k, encoding
+
+
+def _changed(w_new: torch.Tensor, w_old: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(bool mask, int64 ascending indices) of the words that differ; on CPU through numpy (zero-copy views)."""
+    if w_new.is_cuda:
+        changed = w_new.ne(w_old)
+        return changed, changed.nonzero().squeeze(1)
+    changed = np.not_equal(w_new.numpy(), w_old.numpy())
+    return torch.from_numpy(changed), torch.from_numpy(np.flatnonzero(changed))
+
+
+def _indices(mask: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(np.flatnonzero(mask.numpy())) if not mask.is_cuda else mask.nonzero().squeeze(1)
 
 
 def decode_into(payload: torch.Tensor, word: int, n_words: int, spans: list[tuple[int, int]],
@@ -119,7 +138,7 @@ def _parts(payload: torch.Tensor, word: int, n_words: int, encoding: str) -> tup
     """(changed word indices, int64, ascending; their values) of a payload."""
     if encoding == "mask":
         m = mask_bytes(n_words, word)
-        where = unpack_bits(payload[:(n_words + 7) // 8], n_words).nonzero().squeeze(1)
+        where = _indices(unpack_bits(payload[:(n_words + 7) // 8], n_words))
         return where, payload[m:].view(WORDS[word])
     if encoding != "index":
         raise ValueError(f"delta decode: encoding={encoding!r} is invalid: expected one of {', '.join(ENCODINGS)}")

@@ -40,6 +40,7 @@ class EngineHandle(LoaderQueries):
         self._closed = self._paused = False
         self._loaders: tuple[str, ...] | None = None  # custom weight loaders, asked once per start
         self._routes: bool | None = None  # the model passes labkit payloads to labkit's loader (routes_flat)
+        self._checksum: str | None = None  # the weight checker's CPU hash (checksum_algo)
         self.pauses = collections.deque(maxlen=64)  # (paused_at, continued_at or None), this handle's calls
 
     # --- construction (labkit.engine.lifecycle starts the backends) --------------------------------------
@@ -63,7 +64,7 @@ class EngineHandle(LoaderQueries):
             self._b.with_timeout(10.0).shutdown()
             self._b, self._actor = lifecycle.start_actor(self.cfg, self._strategy)
         self._closed = self._paused = False
-        self._loaders = self._routes = None
+        self._loaders = self._routes = self._checksum = None
 
     @classmethod
     def connect(cls, url: str, cfg: EngineConfig | None = None) -> EngineHandle:
@@ -197,8 +198,9 @@ class EngineHandle(LoaderQueries):
         return torch.tensor(rows, dtype=torch.float32)
 
     def checksums(self) -> dict[str, str]:
-        """SGLang's weight checker: {engine parameter name: 16 hex chars} (sha256 of the raw bytes, first 8
-        bytes, on CPU tensors), in the engine's layout (fused qkv_proj / gate_up_proj). TP=1 engines."""
+        """SGLang's weight checker: {engine parameter name: checksum}, in the engine's layout (fused qkv_proj /
+        gate_up_proj). CPU tensors: `xxh3:` + 16 hex chars with labkit's models, else sha256's first 8 bytes as
+        16 hex chars (`checksum_algo`, labkit.engine.checksum). TP=1 engines."""
         if self._closed:
             raise EngineError("checksums: this engine handle was shut down")
         res = self._b.check_weights("checksum")

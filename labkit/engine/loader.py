@@ -9,7 +9,8 @@ from __future__ import annotations
 
 
 class LoaderQueries:
-    """Needs `self._b` (an EngineBackend) and the caches `self._loaders`, `self._routes` (None: not asked yet)."""
+    """Needs `self._b` (an EngineBackend) and the caches `self._loaders`, `self._routes`, `self._checksum` (None:
+    not asked yet)."""
 
     def accepts(self, load_format: str) -> bool:
         """Whether the engine was launched with `load_format` among its custom weight loaders (asked once)."""
@@ -34,6 +35,41 @@ class LoaderQueries:
         """The engine's node as Ray reports it ({"node_id", "node_ip"}; an HTTP engine: its URL's host, no id):
         whether a transport that hands over a memory handle can reach it (labkit.cluster.placement.cross_node)."""
         return self._b.node()
+
+    def checksum_algo(self) -> str:
+        """The hash the engine's weight checker runs on CPU tensors (labkit.engine.checksum): xxh3_64 where labkit's
+        model classes installed it, else SGLang's sha256. Asked once."""
+        if self._checksum is None:
+            from labkit.engine.checksum import CHECKSUM_NAME
+
+            rows = self._b.get_weights_by_name(CHECKSUM_NAME, 1)
+            self._checksum = "xxh3_64" if rows and rows[0] and int(rows[0][0]) == 1 else "sha256"
+        return self._checksum
+
+    def share_params(self, names: list[str]) -> list[list] | None:
+        """transport="direct": the engine moves the parameters holding `names` into shared memory (in place, once)
+        and answers [name, shm file, storage bytes, byte offset, dtype, shape] for each it holds as one contiguous
+        slice (labkit.engine.direct); None when its model does not answer (not one of labkit's). The request and
+        the answer are files in /dev/shm: trainer and engine share a node on this transport."""
+        import json
+        import os
+        import tempfile
+
+        from labkit.engine.direct import SHARE_PREFIX
+
+        root = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+        fd, path = tempfile.mkstemp(prefix="labkit_direct_", suffix=".json", dir=root)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(list(names), f)
+            if self._b.get_weights_by_name(SHARE_PREFIX + path, 1) is None:
+                return None
+            with open(path + ".out") as f:
+                return json.load(f)
+        finally:
+            for p in (path, path + ".out"):
+                if os.path.exists(p):
+                    os.remove(p)
 
     def routes_flat(self) -> bool:
         """Whether the engine's model hands labkit payloads in `load_weights` to labkit's loader (labkit's own

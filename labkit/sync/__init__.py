@@ -24,7 +24,8 @@ __all__ = ["SyncConfig", "sync", "stream", "engine_spec"]
 
 def engine_spec(model_dir: str, dtype: str = "auto", ffn_pad: int = 1) -> dict:
     """What the engine's model expects (labkit.engine.contract.Contract, as a plain dict): {"tensors": {HF name:
-    (shape, dtype)}, "dtype": its serving dtype, "ffn_pad": the multiple its FFN widths are padded to}."""
+    (shape, dtype)}, "dtype": its serving dtype, "ffn_pad": the multiple its FFN widths are padded to}. A sync
+    adds "checksum", the hash its weight checker runs (EngineHandle.checksum_algo; absent: labkit's default)."""
     return Contract.from_model_dir(model_dir, dtype).spec(ffn_pad)
 
 
@@ -116,6 +117,7 @@ def _checked_expected(engine, exclude) -> dict:
     check(isinstance(exclude, (tuple, list)) and all(isinstance(x, str) and x for x in exclude), "exclude",
           exclude, "a tuple of non-empty name substrings")
     expected = engine_spec(engine.cfg.model_dir, engine.cfg.dtype, ffn_padding(engine.device, engine.tp_size))
+    expected["checksum"] = engine.checksum_algo()  # the engine checker's hash: the trainer hashes the same way
     if exclude and all(any(x in n for x in exclude) for n in expected["tensors"]):
         raise ValueError(f"empty sync refused: exclude={tuple(exclude)!r} names all {len(expected['tensors'])} tensors "
                          "of the engine's model; nothing would be sent or verified")

@@ -34,6 +34,7 @@ import time
 import weakref
 from dataclasses import replace
 
+from labkit.engine import checksum as ck
 from labkit.engine.errors import EngineError, EngineUnreachable
 from labkit.sync import ENGINE_CHECKSUMS, lastgood
 from labkit.sync import verify as vf
@@ -145,12 +146,13 @@ class Guard:
         if good is not None and good["checksums"] == before:
             return
         model_dir = self.engine.cfg.model_dir
-        if vf.expected_checksums(lastgood.model_dir_tensors(model_dir, dtype), spec.get("ffn_pad", 1)) == before:
+        pad, algo = spec.get("ffn_pad", 1), spec.get("checksum", ck.DEFAULT)
+        if vf.expected_checksums(lastgood.model_dir_tensors(model_dir, dtype), pad, algo) == before:
             self.store.adopt_model_dir(model_dir, v_before, before)
             return
         # Someone changed the weights outside labkit's syncs: read them back once (slow, but exact).
         named = {n: self.engine.get_weights_by_name(n).to(lastgood.bk.torch_dtype(dtype)) for n in spec["tensors"]}
-        if vf.expected_checksums(named, spec.get("ffn_pad", 1)) != before:
+        if vf.expected_checksums(named, pad, algo) != before:
             raise EngineError("cannot take a bitwise copy of the weights the engine serves now (its read-back "
                               "does not hash to its checksums): refusing to sync without a rollback target")
         path = lastgood.write(self.store.staging(), named, v_before)

@@ -10,7 +10,7 @@ from labkit.config import check, check_choice
 from labkit.engine.config import PauseMode
 
 MB = 1 << 20
-Transport = Literal["per-tensor", "colocated", "distributed"]
+Transport = Literal["per-tensor", "colocated", "distributed", "direct"]
 Verify = Literal["checksum", "full", "none"]
 Selector = Literal["all", "target", "draft"]  # SGLang's weight selector
 TRANSPORTS = get_args(Transport)
@@ -23,7 +23,8 @@ class SyncConfig:
 
     transport: Transport = "colocated"
     """How weights travel: per-tensor (one call per tensor, the baseline), colocated (flattened buckets through
-    shared memory), distributed (flattened buckets broadcast over a torch.distributed group)."""
+    shared memory), distributed (flattened buckets broadcast over a torch.distributed group), direct (the trainer
+    writes into the engine's shared parameters: one copy; CPU engines at TP=1 with labkit's models)."""
     bucket_mb: float = 64.0
     """Flattened bucket size in MiB."""
     memory_budget_mb: float | None = None

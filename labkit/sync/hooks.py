@@ -13,6 +13,7 @@ from typing import Protocol
 
 import torch
 
+from labkit.engine import checksum as ck
 from labkit.engine.contract import part_counts
 from labkit.sync import ENGINE_CHECKSUMS
 from labkit.sync import bucket as bk
@@ -43,8 +44,8 @@ class Checksums:
 
     phase = "verify"
 
-    def __init__(self, sizes: dict[str, int] | None = None, ffn_pad: int = 1):
-        self.expected = vf.Expected(sizes, ffn_pad)
+    def __init__(self, sizes: dict[str, int] | None = None, ffn_pad: int = 1, algo: str = ck.DEFAULT):
+        self.expected = vf.Expected(sizes, ffn_pad, algo)
 
     def on_bucket(self, b, tensors, flat) -> None:
         self.expected.add(_engine_dtype(b, tensors))
@@ -101,14 +102,15 @@ class Stage:
 def for_config(cfg: SyncConfig, plan=None, engine_spec: dict | None = None) -> list[Hook]:
     """The hooks a sync runs, in order (verification answers before the rollback copy is completed). `plan`
     (labkit.sync.plan.Plan) tells the checksums how many parts fill each fused parameter, `engine_spec` the
-    engine's FFN padding."""
+    engine's FFN padding and the hash its checker runs."""
     sizes = part_counts(t.name for t in plan.tensors) if plan is not None else None
-    ffn_pad = (engine_spec or {}).get("ffn_pad", 1)
+    spec = engine_spec or {}
+    ffn_pad = spec.get("ffn_pad", 1)
     hooks: list[Hook] = []
     if cfg.verify == "full":
         hooks.append(FullCopies())
     elif cfg.verify != "none":
-        hooks.append(Checksums(sizes, ffn_pad))
+        hooks.append(Checksums(sizes, ffn_pad, spec.get("checksum", ck.DEFAULT)))
     if cfg.stage_dir:
         hooks.append(Stage(cfg.stage_dir))
     return hooks

@@ -29,7 +29,7 @@ from labkit.sync.config import SyncConfig
 from labkit.sync.delta import DeltaState
 from labkit.sync.memory import PeakRSS, extra_at_peak
 from labkit.sync.plan import Bucket, Plan, check_coverage, excluding, make_plan, metas_of
-from labkit.sync.transport import Transport, make, where
+from labkit.sync.transport import Mappings, Transport, make, where
 
 PHASES = ("gather", "pack", "encode", "transfer", "load", "verify", "stage", "session", "setup")
 
@@ -92,6 +92,7 @@ class Syncer:
         self.plan_key: tuple | None = None  # (bucket bytes, engine dtype) the plan was made for
         self.pool: bk.BufferPool | None = None
         self.delta: DeltaState | None = None
+        self.maps = Mappings()  # transport="direct": the engine's parameter files, mapped once (none until then)
         self.version = 0
 
     def close(self) -> None:
@@ -102,6 +103,7 @@ class Syncer:
         if self.delta is not None:
             self.delta.close()
             self.delta = None
+        self.maps.close()
 
     def run(self, named_iter, engine, cfg: SyncConfig, engine_spec: dict | None = None,
             weight_version: str | None = None, exclude: tuple[str, ...] = ()) -> dict:
@@ -168,7 +170,7 @@ class Syncer:
             self.delta.anchor_every, s.delta = cfg.delta, self.delta
             s.delta.begin(s.plan, engine.weight_version)
             s.extra = s.peak = s.extra + (s.delta.pool.allocated_bytes if s.delta.pool else 0)
-        s.transport = make(cfg.transport, timeout_s=cfg.timeout_s, delta=s.delta)
+        s.transport = make(cfg.transport, timeout_s=cfg.timeout_s, delta=s.delta, maps=self.maps)
         s.nodes = where(s.transport, engine)  # a handle-passing transport across nodes is refused here
         s.release = torch.cuda.is_available() if cfg.release_kv_cache is None else cfg.release_kv_cache
         s.phases["setup"] += time.perf_counter() - t_setup
@@ -181,12 +183,12 @@ class Syncer:
             # across unrelated processes and kills SGLang's scheduler (AuthenticationError).
             torch.multiprocessing.set_sharing_strategy("file_system")
         normal = max((b.nbytes for b in s.plan.buckets if not b.oversize), default=1)
-        if s.cfg.transport != "per-tensor" and (self.pool is None or self.pool.nbytes < normal):
+        flat = s.cfg.transport not in ("per-tensor", "direct")
+        if flat and (self.pool is None or self.pool.nbytes < normal):
             self.pool = bk.BufferPool(normal, device=s.device, shared=s.cfg.transport == "colocated")
             s.cold = True
-        # Memory the sync adds: the reusable flat buffers (or, per tensor, one cast copy in flight).
-        s.extra = s.peak = self.pool.allocated_bytes if s.cfg.transport != "per-tensor" else \
-            s.plan.largest_tensor_bytes
+        # Memory the sync adds: the reusable flat buffers (or, per tensor and direct, one cast copy in flight).
+        s.extra = s.peak = self.pool.allocated_bytes if flat else s.plan.largest_tensor_bytes
 
     # --- the session ----------------------------------------------------------------------------------------
     @staticmethod

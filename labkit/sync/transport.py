@@ -1,4 +1,4 @@
-"""How a packed bucket reaches the engine. One interface (`Transport`), three transports, one file each
+"""How a packed bucket reaches the engine. One interface (`Transport`), four transports, one file each
 under labkit/sync/transports/:
 
 - `per-tensor` (`PerTensor`): one `update_weights_from_tensor` call per tensor (what verl did before PR
@@ -8,6 +8,8 @@ under labkit/sync/transports/:
   "flattened_bucket")`.
 - `distributed` (`Distributed`): the trainer joins the engine's weight-update group exactly as SGLang builds
   it and broadcasts each flat buffer while the engine receives it in `update_weights_from_distributed`.
+- `direct` (`Direct`): no flat buffer; the engine shares its parameters in place and the trainer writes each
+  tensor straight into them (one copy instead of two; CPU engines at TP=1, labkit's models).
 
 `send()` returns only when the engine has loaded the bucket; the session overlaps packing the next bucket
 with it by running `send()` on a worker thread. No wait is unbounded: every engine call and collective made by
@@ -25,11 +27,12 @@ from labkit.cluster.placement import PlacementError, cross_node
 from labkit.sync.config import TRANSPORTS
 from labkit.sync.plan import Bucket, Plan
 from labkit.sync.transports.colocated import Colocated
+from labkit.sync.transports.direct import Direct, Mappings
 from labkit.sync.transports.distributed import PORT_ATTEMPTS, Distributed, bind_store, join_group
 from labkit.sync.transports.per_tensor import PerTensor
 
-__all__ = ["Transport", "make", "where", "PerTensor", "Colocated", "Distributed", "bind_store", "join_group",
-           "PORT_ATTEMPTS"]
+__all__ = ["Transport", "make", "where", "PerTensor", "Colocated", "Distributed", "Direct", "Mappings",
+           "bind_store", "join_group", "PORT_ATTEMPTS"]
 
 
 class Transport(Protocol):
@@ -51,8 +54,13 @@ class Transport(Protocol):
     def close(self, engine) -> None: ...
 
 
-def make(name: str, timeout_s: float = 120.0, delta=None) -> Transport:
-    """`delta`: a labkit.sync.delta.DeltaState (colocated and distributed only)."""
+def make(name: str, timeout_s: float = 120.0, delta=None, maps: Mappings | None = None) -> Transport:
+    """`delta`: a labkit.sync.delta.DeltaState (colocated and distributed only); `maps`: the engine's parameter
+    files the direct transport keeps mapped across syncs (the Syncer's)."""
+    if name == "direct":
+        if delta is not None:
+            raise ValueError("transport='direct' cannot carry a delta: use colocated or distributed")
+        return Direct(maps if maps is not None else Mappings())
     if name == "per-tensor":
         if delta is not None:
             raise ValueError("transport='per-tensor' cannot carry a delta: use colocated or distributed")

@@ -1,30 +1,28 @@
 """Bitwise verification of a sync: per-tensor checksums, trainer side vs engine side.
 
-The engine hashes its own parameters (SGLang's weight checker: sha256 of the raw bytes, first 8 bytes), in its
-own layout, where q/k/v live fused in `qkv_proj` and gate/up in `gate_up_proj` (labkit.engine.contract's fused
-groups). The trainer side rebuilds that layout from the HF tensors it sent and hashes the same way, so only 16
-hex characters per tensor cross the wire. `full=True` instead fetches every HF-named tensor back from the
-engine and compares element-wise.
+The engine hashes its own parameters (SGLang's weight checker: with labkit's model classes xxh3-64 of the raw
+bytes on CPU, else SGLang's sha256; labkit.engine.checksum says why and which) in its own layout, where q/k/v
+live fused in `qkv_proj` and gate/up in `gate_up_proj` (labkit.engine.contract's fused groups). The trainer side
+rebuilds that layout from the HF tensors it sent and hashes the same way, so 64 bits per tensor cross the wire.
+`full=True` instead fetches every HF-named tensor back from the engine and compares element-wise.
 """
 
 from __future__ import annotations
 
-import hashlib
-
 import torch
 
+from labkit.engine import checksum as ck
 from labkit.engine.contract import engine_shape, fused_part
 
 
-def tensor_checksum(t: torch.Tensor) -> str:
-    """SGLang's tensor_hash for one tensor, as the weight checker prints it."""
-    if t.is_cuda:  # SGLang hashes device tensors with its own kernel, not sha256 (untested here: no GPU)
+def tensor_checksum(t: torch.Tensor, algo: str = ck.DEFAULT) -> str:
+    """One tensor's checksum as the engine's weight checker prints it (`algo`: the one the engine runs,
+    `EngineHandle.checksum_algo`)."""
+    if t.is_cuda:  # SGLang hashes device tensors with its own kernel (untested here: no GPU)
         from sglang.srt.managers.mm_utils import tensor_hash
 
         return f"{tensor_hash(t.contiguous()):016x}"
-    t = t.detach().cpu().contiguous()
-    digest = hashlib.sha256(memoryview(t.reshape(-1).view(torch.uint8).numpy())).digest()[:8]
-    return f"{int.from_bytes(digest, 'big'):016x}"
+    return ck.cpu_checksum(t, algo)
 
 
 def padded(name: str, t: torch.Tensor, ffn_pad: int = 1) -> torch.Tensor:
@@ -56,32 +54,33 @@ def engine_layout(named: dict[str, torch.Tensor], ffn_pad: int = 1) -> dict[str,
     return out
 
 
-def expected_checksums(named: dict[str, torch.Tensor], ffn_pad: int = 1) -> dict[str, str]:
-    return {n: tensor_checksum(t) for n, t in engine_layout(named, ffn_pad).items()}
+def expected_checksums(named: dict[str, torch.Tensor], ffn_pad: int = 1, algo: str = ck.DEFAULT) -> dict[str, str]:
+    return {n: tensor_checksum(t, algo) for n, t in engine_layout(named, ffn_pad).items()}
 
 
 class Expected:
     """Trainer-side checksums accumulated bucket by bucket. A fused parameter is hashed once all its parts have
     been seen: per-tensor syncs send q, k and v separately, and a layer's experts (hundreds of slices, larger
-    than a bucket on a real MoE) arrive over several buckets. The hash is a running sha256 fed the parts in
-    index order, so only parts that arrive ahead of their turn are copied (flat buffers are reused for the
-    next bucket); on a device the parts are copied and hashed at the end (SGLang's device hash is not
+    than a bucket on a real MoE) arrive over several buckets. The hash is a running one (xxh3 or sha256) fed
+    the parts in index order, so only parts that arrive ahead of their turn are copied (flat buffers are reused
+    for the next bucket); on a device the parts are copied and hashed at the end (SGLang's device hash is not
     incremental). `ffn_pad`: the engine's FFN padding (`padded`). `sizes`: parts per fused parameter
-    (`labkit.engine.contract.part_counts` over the plan's
-    names), needed for experts, whose count is not in their names."""
+    (`labkit.engine.contract.part_counts` over the plan's names), needed for experts, whose count is not in
+    their names. `algo`: the engine checker's hash (labkit.engine.checksum)."""
 
-    def __init__(self, sizes: dict[str, int] | None = None, ffn_pad: int = 1):
+    def __init__(self, sizes: dict[str, int] | None = None, ffn_pad: int = 1, algo: str = ck.DEFAULT):
+        ck.new(algo)  # an unknown algorithm is refused here, before the first bucket
         self.checksums: dict[str, str] = {}
-        self.sizes, self.ffn_pad = dict(sizes or {}), ffn_pad
+        self.sizes, self.ffn_pad, self.algo = dict(sizes or {}), ffn_pad, algo
         self._parts: dict[str, dict[int, torch.Tensor]] = {}  # parts held until their turn
-        self._streams: dict[str, list] = {}  # key -> [sha256 state, next index]
+        self._streams: dict[str, list] = {}  # key -> [running hash, next index]
 
     def add(self, named: dict[str, torch.Tensor]) -> None:
         for name, t in named.items():
             t = padded(name, t, self.ffn_pad)
             part = fused_part(name)
             if part is None:
-                self.checksums[name] = tensor_checksum(t)
+                self.checksums[name] = tensor_checksum(t, self.algo)
                 continue
             key, idx, size = part
             size = self.sizes.get(key, size)
@@ -89,7 +88,7 @@ class Expected:
                 raise ValueError(f"cannot verify {name!r}: how many tensors fill {key!r} is unknown "
                                  "(Expected(sizes=part_counts(plan names)))")
             parts = self._parts.setdefault(key, {})
-            stream = self._streams.setdefault(key, [hashlib.sha256(), 0])
+            stream = self._streams.setdefault(key, [ck.new(self.algo), 0])
             if t.is_cuda or idx != stream[1]:
                 parts[idx] = t.detach().clone()
             else:
@@ -97,9 +96,9 @@ class Expected:
             while not t.is_cuda and stream[1] in parts:
                 _feed(stream, parts.pop(stream[1]))
             if t.is_cuda and len(parts) == size:
-                self.checksums[key] = tensor_checksum(torch.cat([parts[i] for i in sorted(parts)], dim=0))
+                self.checksums[key] = tensor_checksum(_joined(parts), self.algo)
             elif stream[1] == size:
-                self.checksums[key] = _digest(stream)
+                self.checksums[key] = ck.digest(stream[0], self.algo)
             else:
                 continue
             del self._parts[key], self._streams[key]
@@ -110,21 +109,21 @@ class Expected:
         for key, parts in self._parts.items():
             stream = self._streams[key]
             if any(t.is_cuda for t in parts.values()):
-                self.checksums[key] = tensor_checksum(torch.cat([parts[i] for i in sorted(parts)], dim=0))
+                self.checksums[key] = tensor_checksum(_joined(parts), self.algo)
                 continue
             for i in sorted(parts):
                 _feed(stream, parts[i])
-            self.checksums[key] = _digest(stream)
+            self.checksums[key] = ck.digest(stream[0], self.algo)
         self._parts, self._streams = {}, {}
         return self.checksums
 
 
-def _digest(stream: list) -> str:
-    return f"{int.from_bytes(stream[0].digest()[:8], 'big'):016x}"
+def _joined(parts: dict[int, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([parts[i] for i in sorted(parts)], dim=0)
 
 
 def _feed(stream: list, t: torch.Tensor) -> None:
-    stream[0].update(memoryview(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()))
+    ck.feed(stream[0], t)
     stream[1] += 1
 
 

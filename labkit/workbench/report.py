@@ -53,7 +53,9 @@ def serve_table(run: dict) -> list[str]:
 def bench_table(run: dict) -> list[str]:
     head = ["transport", "transport-only (s)", "GB/s", "of a memcpy", "end to end (s)", "engine apply"]
     lines = [_row(head), _row(["---"] * len(head))]
-    for t in ("per-tensor", "colocated", "distributed"):
+    transports = [t for t in ("per-tensor", "colocated", "distributed", "direct")
+                  if f"bench/{t.replace('-', '_')}_seconds" in run]
+    for t in transports:
         key = t.replace("-", "_")
         apply = run.get(f"bench/apply_path/{t}", run["bench/apply_path"] if t == "colocated" else "load_weights")
         lines.append(_row([t, f"{run[f'bench/{key}_seconds']:.3f}", f"{run[f'bench/{key}_gbps']:.2f}",
@@ -61,9 +63,12 @@ def bench_table(run: dict) -> list[str]:
                            f"{run[f'bench/end_to_end_seconds/{t}']:.3f}", apply]))
     lines += ["", f"{run['bench/model_bytes'] / 1e6:.0f} MB, {run['bench/num_tensors']} tensors, "
                   f"{run['bench/bucket_bytes'] >> 20} MiB buckets; memcpy {run['bench/memcpy_gbps']:.1f} GB/s "
-                  f"(a reference: pack + apply is two copies, so half of it is the limit). Bucketed vs per-tensor: "
-                  f"**{run['bench/speedup_bucketed_vs_per_tensor']:.1f}×** transport-only, "
-                  f"**{run['bench/speedup_end_to_end']:.1f}×** end to end. `bench/verified`: "
+                  f"(a reference: pack + apply is two copies, so half of it is the limit; direct is one copy). "
+                  f"Bucketed vs per-tensor: **{run['bench/speedup_bucketed_vs_per_tensor']:.1f}×** transport-only, "
+                  f"**{run['bench/speedup_end_to_end']:.1f}×** end to end"
+                  + (f"; direct vs per-tensor: **{run['bench/speedup_direct_vs_per_tensor']:.1f}×** transport-only, "
+                     f"**{run['bench/speedup_end_to_end/direct']:.1f}×** end to end"
+                     if "bench/speedup_direct_vs_per_tensor" in run else "") + ". `bench/verified`: "
                   f"{run['bench/verified']} ({run['bench/engine_tensors_changed']} of {run['bench/engine_tensors']} "
                   f"engine tensors changed over the run)."]
     if "bench/peak_extra_bytes_measured" in run:
@@ -72,8 +77,9 @@ def bench_table(run: dict) -> list[str]:
                       f"high-water mark), against a contract of 2 × bucket + largest tensor = "
                       f"{(2 * run['bench/bucket_bytes'] + run['bench/largest_tensor_bytes']) / 1e6:.0f} MB.")
     if "bench/engine_apply_share" in run:
-        lines[-1] += (" Share of an end-to-end sync spent in the engine's apply call: " + ", ".join(
-            f"{t} {run[f'bench/engine_apply_share/{t}']:.0%}" for t in ("per-tensor", "colocated", "distributed")) + ".")
+        lines[-1] += (" Share of an end-to-end sync spent in the engine's apply call (direct: the trainer's writes "
+                      "into the engine's parameters): " + ", ".join(
+            f"{t} {run[f'bench/engine_apply_share/{t}']:.0%}" for t in transports) + ".")
     return lines
 
 

@@ -95,7 +95,8 @@ def _workbench(model: ModelSpec | str, workdir: str | Path):
 
 def bench_sync(spec: ModelSpec | str = BENCH_SPEC, bucket_mb: float = 32.0, reps: int = 3,
                workdir: str | Path = "runs/bench", progress: bool = True) -> dict:
-    """Per-tensor vs the bucketed transports, `reps` syncs each (equal per transport), two ways:
+    """Per-tensor vs the bucketed transports and the one-copy `direct`, `reps` syncs each (equal per transport),
+    two ways:
     - transport-only (`bench/<transport>_seconds`, GB/s, `_vs_memcpy`): the weight-moving time of syncs without
       verification or the atomic guard (`weight_moving_seconds`);
     - end to end (`bench/end_to_end_seconds/<transport>`): the wall time a caller of `Workbench.sync()` waits
@@ -107,7 +108,7 @@ def bench_sync(spec: ModelSpec | str = BENCH_SPEC, bucket_mb: float = 32.0, reps
     if every end-to-end sync verified bitwise and the engine's checksums then differ from before the run."""
     from tqdm.auto import tqdm
 
-    transports = ("per-tensor", "colocated", "distributed")
+    transports = ("per-tensor", "colocated", "distributed", "direct")
     out: dict = {}
     with _workbench(spec, workdir) as wb:
         out["bench/startup_s"] = wb.timings["timing/startup"]
@@ -189,6 +190,10 @@ def _summary(best: dict[str, dict], e2e: dict[str, list[float]], mem: float) -> 
         if t != "per-tensor":
             out[f"bench/{key}_vs_memcpy"] = round(gbps[t] / mem, 4)
     out["bench/colocated_vs_memcpy_end_to_end"] = round(nbytes / e2e_best["colocated"] / 1e9 / mem, 4)
+    if "direct" in best:  # one copy: the trainer writes into the engine's parameters (labkit.engine.direct)
+        out["bench/direct_vs_memcpy_end_to_end"] = round(nbytes / e2e_best["direct"] / 1e9 / mem, 4)
+        out["bench/speedup_direct_vs_per_tensor"] = round(_seconds(best["per-tensor"]) / _seconds(best["direct"]), 2)
+        out["bench/speedup_end_to_end/direct"] = round(e2e_best["per-tensor"] / e2e_best["direct"], 2)
     b, L = out["bench/bucket_bytes"], out["bench/largest_tensor_bytes"]
     out["bench/peak_within_contract"] = out["bench/peak_extra_bytes"] <= 2 * b + L
     # measured by the kernel (labkit.sync.memory) on the transport-only syncs (no guard: its host copy is its own)

@@ -238,10 +238,12 @@ def test_update_from_distributed_over_gloo(engine, engine_model_dir):
 
 
 def _sglang_checksum(t: torch.Tensor) -> str:
-    import hashlib
+    """SGLang's weight checker with labkit's models: xxh3-64 of the raw bytes (labkit.engine.checksum), computed
+    here independently of labkit's code."""
+    import xxhash
 
     raw = memoryview(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy())
-    return hashlib.sha256(raw).digest()[:8].hex()
+    return "xxh3:" + xxhash.xxh3_64(raw).hexdigest()
 
 
 def test_checksums_and_a_portable_handle_in_another_process(engine, engine_model_dir):

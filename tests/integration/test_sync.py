@@ -38,10 +38,11 @@ def _greedy_matches(trainer, engine, n=4, new=6):
     return eng == trainer.greedy(ids, new, eos_id=EOS)
 
 
-SEEDS = {"per-tensor": 101, "colocated": 202, "distributed": 303}  # fixed: hash(str) changes with PYTHONHASHSEED
+# fixed: hash(str) changes with PYTHONHASHSEED
+SEEDS = {"per-tensor": 101, "colocated": 202, "distributed": 303, "direct": 404}
 
 
-@pytest.mark.parametrize("transport", ["per-tensor", "colocated", "distributed"])
+@pytest.mark.parametrize("transport", ["per-tensor", "colocated", "distributed", "direct"])
 def test_every_transport_syncs_a_trained_model_bitwise(transport, trainer, engine):
     _train(trainer, seed=SEEDS[transport])
     before = engine.weight_version
@@ -51,10 +52,10 @@ def test_every_transport_syncs_a_trained_model_bitwise(transport, trainer, engin
     assert m["sync/unverified"] == [] and m["sync/num_unverified"] == 0  # every engine tensor was covered
     assert m["sync/weight_version"] == engine.weight_version != before
     assert m["sync/num_buckets"] > 1 or transport == "per-tensor"
-    # colocated: labkit's engine-side loader applied every tensor by its copy plan (labkit.engine.apply)
-    # labkit's engine-side loader applied every tensor by its copy plan (labkit.engine.apply); distributed: the
-    # bucket arrives as one tensor the model hands to it
-    assert m["sync/apply_path"] == ("load_weights" if transport == "per-tensor" else "copy_plan")
+    # colocated: labkit's engine-side loader applied every tensor by its copy plan (labkit.engine.apply);
+    # distributed: the bucket arrives as one tensor the model hands to it; direct: the trainer wrote every tensor
+    # into the engine's shared parameters (labkit.engine.direct), nothing went through load_weights
+    assert m["sync/apply_path"] == {"per-tensor": "load_weights", "direct": "direct"}.get(transport, "copy_plan")
     assert m["sync/wire_bytes"] == m["sync/bytes"]  # no delta: every byte
     for key in ("gather", "pack", "transfer", "load", "verify", "total"):
         assert m[f"timing/sync/{key}"] >= 0
@@ -80,8 +81,13 @@ def test_verification_catches_a_tampered_engine(trainer, engine):
     engine.begin_weight_update()
     engine.update_weights_from_tensor([(name, named[name] + 1.0)])
     engine.end_weight_update()
-    result = vf.compare(vf.expected_checksums(named), engine.checksums())
+    actual = engine.checksums()
+    result = vf.compare(vf.expected_checksums(named), actual)
     assert result["sync/verified"] is False and result["verify/mismatched"] == ["model.layers.0.mlp.down_proj.weight"]
+    # labkit's model classes put xxh3 into SGLang's own checker (labkit.engine.checksum), and say so
+    assert engine.checksum_algo() == "xxh3_64" and all(v.startswith("xxh3:") for v in actual.values())
+    sha = vf.expected_checksums(named, algo="sha256")  # the other algorithm cannot pass, for any tensor
+    assert vf.compare(sha, actual)["sync/verified"] is False and not any(sha[n] == actual.get(n) for n in sha)
 
 
 @pytest.mark.parametrize("kwargs,match", [

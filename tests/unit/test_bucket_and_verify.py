@@ -3,7 +3,7 @@ import torch
 
 from labkit.sync import bucket as bk
 from labkit.sync.plan import TensorMeta, plan_buckets
-from labkit.sync.verify import compare, engine_layout, expected_checksums, tensor_checksum
+from labkit.sync.verify import Expected, compare, engine_layout, expected_checksums, tensor_checksum
 
 
 def _named():
@@ -57,7 +57,7 @@ def test_checksums_match_sglang_hash_and_fused_layout():
 
     named = _named()
     t = named["lm_head.weight"]
-    assert tensor_checksum(t) == f"{tensor_hash(t):016x}"
+    assert tensor_checksum(t, "sha256") == f"{tensor_hash(t):016x}"  # an engine without labkit's models
     layout = engine_layout(named)
     qkv = layout["model.layers.0.self_attn.qkv_proj.weight"]
     assert qkv.shape == (16, 4) and torch.equal(qkv[8:12], named["model.layers.0.self_attn.k_proj.weight"])
@@ -68,14 +68,32 @@ def test_checksums_match_sglang_hash_and_fused_layout():
     assert not r["sync/verified"] and r["verify/mismatched"] == ["model.norm.weight"]
 
 
-def test_expected_checksums_accumulate_fused_groups_across_per_tensor_buckets():
-    from labkit.sync.verify import Expected
+def test_xxh3_checksum_is_streaming_bitwise_and_refuses_unknown_algorithms():
+    import xxhash
 
+    from labkit.engine import checksum as ck
+
+    t = torch.arange(24, dtype=torch.float32).reshape(6, 4)
+    assert tensor_checksum(t) == f"xxh3:{xxhash.xxh3_64(t.numpy().tobytes()).intdigest():016x}"
+    h = ck.new()  # fed in parts = one tensor of the parts' bytes (how a fused group is hashed)
+    ck.feed(h, t[:2])
+    ck.feed(h, t[2:])
+    assert ck.digest(h) == tensor_checksum(t)
+    flipped = t.clone()
+    flipped.view(torch.int32)[5, 3] ^= 1  # one bit of one element
+    assert tensor_checksum(flipped) != tensor_checksum(t)
+    assert tensor_checksum(t.t()) != tensor_checksum(t)  # layout, not only the multiset of values
+    with pytest.raises(ValueError, match=r"checksum algorithm 'md5' is not one of"):
+        Expected(algo="md5")
+
+
+def test_expected_checksums_accumulate_fused_groups_across_per_tensor_buckets():
     named = _named()
-    acc = Expected()
-    for name, t in named.items():  # one tensor at a time, as the per-tensor transport sends them
-        acc.add({name: t})
-    assert acc.finish() == expected_checksums(named)
+    for algo in ("xxh3_64", "sha256"):
+        acc = Expected(algo=algo)
+        for name, t in named.items():  # one tensor at a time, as the per-tensor transport sends them
+            acc.add({name: t})
+        assert acc.finish() == expected_checksums(named, algo=algo)
     partial = Expected()
     partial.add({"model.layers.0.self_attn.q_proj.weight": named["model.layers.0.self_attn.q_proj.weight"]})
     got = partial.finish()

@@ -22,7 +22,7 @@ CONFIGS = (TrainConfig, SyncConfig, EngineConfig, SpeculativeConfig, RLConfig, S
 
 
 def test_allowed_values_come_from_the_literal():
-    assert choices(SyncConfig, "transport") == ("per-tensor", "colocated", "distributed")
+    assert choices(SyncConfig, "transport") == ("per-tensor", "colocated", "distributed", "direct")
     assert choices(SyncConfig, "verify") == ("checksum", "full", "none")
     assert choices(EngineConfig, "dtype") == ("auto", "float32", "bfloat16")
     assert choices(TrainConfig, "mtp_target") == ("tokens", "policy", "topk", "tv")
@@ -49,7 +49,7 @@ def _flag(parser, sub, flag):
 def test_cli_flags_are_generated_from_the_configs():
     p = cli.build_parser()
     t = _flag(p, "sync", "--transport")
-    assert t.default == SyncConfig().transport and t.metavar == "{per-tensor,colocated,distributed}"
+    assert t.default == SyncConfig().transport and t.metavar == "{per-tensor,colocated,distributed,direct}"
     assert field_docs(SyncConfig)["transport"] in t.help
     assert _flag(p, "sync", "--bucket-mb").default == SyncConfig().bucket_mb
     assert _flag(p, "sync", "--verify").default == "checksum"

@@ -12,6 +12,9 @@ engine parameter that holds it, and routing labkit's payloads to labkit's loader
   a tensor through the model's own `load_weights`.
 - `load_weights`: a labkit payload (the distributed path receives a bucket as one tensor named by its layout)
   goes to labkit's loader; anything else to SGLang's, with the `engine.apply` failpoint when armed.
+- the weight checker: constructing a labkit model makes SGLang's `check_weights` hash CPU tensors with xxh3
+  (`install_checksum`; labkit.engine.checksum says why), and `get_weights_by_name(CHECKSUM_NAME)` says whether
+  it did, so the trainer hashes its expectation the same way.
 TP=1 only (what a CPU engine runs; at TP>1 each rank's loader cuts its own shard and labkit falls back to it).
 """
 
@@ -23,6 +26,8 @@ import torch
 
 from labkit import failpoints as fp
 from labkit.engine import apply
+from labkit.engine import checksum as ck
+from labkit.engine import direct
 from labkit.engine.contract import fused_part
 
 logger = logging.getLogger(__name__)
@@ -51,6 +56,10 @@ def expert_view(weight: torch.Tensor, kind: str, index: int, true_ffn: int | Non
 
 class LabkitWeights:
     """Mixin, listed before SGLang's model class: `class X(LabkitWeights, SGLangX)`."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        install_checksum()
 
     def load_weights(self, weights, *args, **kwargs):
         if isinstance(weights, list) and apply.routes(weights):
@@ -97,6 +106,10 @@ class LabkitWeights:
     def get_weights_by_name(self, name: str, truncate_size: int = 100, tp_size: int = 1):
         if name == apply.STATS_NAME:
             return [apply.end_sync()]
+        if name == ck.CHECKSUM_NAME:
+            return [[int(_checksum_installed)]]
+        if name.startswith(direct.SHARE_PREFIX):  # transport="direct": share the parameters in place
+            return direct.answer(self, name, tp_size)
         try:
             if tp_size != 1:
                 raise NotImplementedError(f"labkit's get_weights_by_name reads TP=1 engines only (tp_size={tp_size})")
@@ -109,6 +122,31 @@ class LabkitWeights:
         except Exception as e:  # SGLang's contract: log and answer None
             logger.error(f"labkit {type(self).__name__}.get_weights_by_name({name!r}) failed: {type(e).__name__}: {e}")
             return None
+
+
+def install_checksum() -> bool:
+    """SGLang 0.5.23's weight checker hashes each parameter through its module's `_hash_tensor`: CPU tensors go
+    to labkit's xxh3 from here on (labkit.engine.checksum), device tensors to SGLang's own kernel as before.
+    Pinned to the version it was read in; any other keeps SGLang's sha256, and `CHECKSUM_NAME` says so."""
+    global _checksum_installed
+    if _checksum_installed:
+        return True
+    import sglang  # SGLang is crossed here only (inside its scheduler)
+    from sglang.srt.utils import weight_checker as wc
+
+    original = getattr(wc, "_hash_tensor", None)
+    if sglang.__version__ != "0.5.23" or original is None:
+        return False
+
+    def _hash_tensor(t: torch.Tensor) -> str:
+        return original(t) if t.is_cuda else ck.cpu_checksum(t, "xxh3_64")
+
+    wc._hash_tensor = _hash_tensor
+    _checksum_installed = True
+    return True
+
+
+_checksum_installed = False
 
 
 def with_failpoint(weights):
