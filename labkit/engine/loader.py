@@ -7,6 +7,12 @@ before a distributed call). The loader module itself imports torch, so it is imp
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
+
+from labkit.engine.direct import SHARE_PREFIX  # pure (json): no torch
+
 
 class LoaderQueries:
     """Needs `self._b` (an EngineBackend) and the caches `self._loaders`, `self._routes`, `self._checksum` (None:
@@ -51,12 +57,6 @@ class LoaderQueries:
         and answers [name, shm file, storage bytes, byte offset, dtype, shape] for each it holds as one contiguous
         slice (labkit.engine.direct); None when its model does not answer (not one of labkit's). The request and
         the answer are files in /dev/shm: trainer and engine share a node on this transport."""
-        import json
-        import os
-        import tempfile
-
-        from labkit.engine.direct import SHARE_PREFIX
-
         root = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
         fd, path = tempfile.mkstemp(prefix="labkit_direct_", suffix=".json", dir=root)
         try:
