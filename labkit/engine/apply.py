@@ -12,10 +12,13 @@ Why not SGLang's `flattened_bucket` format, which moves the same bytes:
 - it hands the views to `model.load_weights`, a Python loop with name matching per tensor.
   `data/bench_sync_cpu.json` measured colocated at 0.10 of a memcpy with it (before this module).
 
-Here the received buffer is kept for the rest of the sync (at most `KEEP`: the trainer double-buffers, so 11
-buckets map 2 buffers, not 11 segments); the trainer's closing read (`end_sync`) releases them, so an engine holds
-no shared memory between syncs (a killed engine cannot strand the trainer's segments: torch counts references in
-the file, and a SIGKILLed holder never gives its own back). Each bucket layout is compiled once into a copy plan
+Here a received buffer stays mapped (at most `KEEP`: the trainer double-buffers, so 11 buckets map 2 buffers, not
+11 segments) for as long as the trainer keeps sending it: the trainer's closing read (`end_sync`) releases only
+the buffers that sync did not use (a pool the trainer replaced), so the next sync's handles resolve to mappings
+that are already faulted in (a fresh mapping faults at ~3 GB/s, about half a memcpy). Between syncs an engine
+thus holds the trainer's two buffers; a SIGKILLed engine never gives its reference back (torch counts them in the
+file), so those files outlive both processes until `labkit.compat.sglang.cleanup_shm` finds nobody maps them (the
+driver runs it when a trainer or engine is gone). Each bucket layout is compiled once into a copy plan
 (the destination slice of each tensor, from the model's `param_view(hf_name)`, the view `get_weights_by_name`
 reads back), the source views into a kept buffer are built once, and a bucket then costs one
 `torch._foreach_copy_` (plus a check, by name, that no destination parameter was re-created since).
@@ -29,6 +32,10 @@ map. `end_sync()` counts the tensors each path applied (the trainer reports them
 
 Delta payloads (`DELTA_PREFIX`, labkit.engine.delta) carry only the words that changed since the last sync; they
 go through the same plan into the same parameter slices, and need every tensor of the bucket in it.
+
+Under the atomic guard the colocated bucket is not in a shared segment at all: the trainer packs it into the
+guard's staging file and the payload names the file and offset (`labkit.engine.stagefile`, kept mapped across
+syncs); the plan and the copy are the same.
 
 The same entry point takes the distributed path: SGLang receives the broadcast bucket as one uint8 tensor named
 by its layout and hands it to the model's `load_weights`, which labkit's models route here (`routes`).
@@ -45,7 +52,7 @@ from dataclasses import dataclass, field
 import torch
 
 from labkit import failpoints as fp
-from labkit.engine import delta, direct
+from labkit.engine import delta, direct, stagefile
 from labkit.engine.config import APPLY_FORMAT
 
 FORMAT = APPLY_FORMAT  # the import path SGLang resolves: this module's `load_flat` (unit-tested)
@@ -90,6 +97,7 @@ class _Plan:
 _plans: dict[str, _Plan] = {}
 _stats = {"copy_plan": 0, "load_weights": 0}  # tensors applied by each path since the last `end_sync`
 _mapped: OrderedDict[int, tuple[torch.Tensor, dict[str, list[torch.Tensor]]]] = OrderedDict()
+_used: set[int] = set()  # kept buffers a bucket arrived in since the last `end_sync`
 
 
 def load_flat(model, named_tensors) -> None:
@@ -102,11 +110,14 @@ def load_flat(model, named_tensors) -> None:
         if isinstance(key, str) and key.startswith(DELTA_PREFIX):
             _apply_delta(model, key, flat)
             continue
-        if not isinstance(key, str) or not key.startswith(PREFIX):
+        path = offset = None
+        if isinstance(key, str) and key.startswith(stagefile.PREFIX):  # packed into the guard's staging file
+            path, offset, key = stagefile.parse(key)
+        elif not isinstance(key, str) or not key.startswith(PREFIX):
             raise ValueError(f"labkit apply: payload name {str(key)[:60]!r} is not a labkit flat bucket "
-                             f"(expected {PREFIX!r} or {DELTA_PREFIX!r} + layout)")
+                             f"(expected {PREFIX!r}, {DELTA_PREFIX!r} or {stagefile.PREFIX!r} + layout)")
         plan = _plan(model, key)
-        srcs = _sources(flat, key, plan)
+        srcs = _sources(flat, key, plan) if path is None else stagefile.views(path, offset, key, plan.entries)
         if fp.engine_armed("engine.apply"):  # `labkit faults`: a failure in the middle of an apply
             for i, dst in zip(plan.direct, plan.dsts):
                 fp.hit("engine.apply", name=plan.entries[i][0])
@@ -153,11 +164,12 @@ def _apply_delta(model, key: str, payload: torch.Tensor) -> None:
 
 
 def end_sync() -> list[int]:
-    """Release the kept buffers; return [tensors copied by plan, tensors through load_weights] since the last
-    call. The trainer calls it once at the end of each sync through the model's get_weights_by_name(STATS_NAME),
-    the one reply channel into a scheduler SGLang offers."""
-    while _mapped:
-        _release(_mapped.popitem(last=False)[1][0])
+    """Release the kept buffers this sync did not use; return [tensors copied by plan, tensors through
+    load_weights] since the last call. The trainer calls it once at the end of each sync through the model's
+    get_weights_by_name(STATS_NAME), the one reply channel into a scheduler SGLang offers."""
+    for ptr in [p for p in _mapped if p not in _used]:  # a buffer this sync did not use: the trainer replaced it
+        _release(_mapped.pop(ptr)[0])
+    _used.clear()
     out = [_stats["copy_plan"], _stats["load_weights"]]
     _stats.update(copy_plan=0, load_weights=0)
     return out
@@ -215,6 +227,7 @@ def _keep(flat: torch.Tensor) -> tuple[torch.Tensor, dict]:
         while len(_mapped) > KEEP:
             _release(_mapped.popitem(last=False)[1][0])
     _mapped.move_to_end(ptr)
+    _used.add(ptr)
     return held
 
 

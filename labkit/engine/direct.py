@@ -26,6 +26,9 @@ the HF names from that JSON file and writes the answer beside it (`<path>.out`, 
 from __future__ import annotations
 
 import json
+import logging
+
+logger = logging.getLogger(__name__)
 
 SHARE_PREFIX = "labkit.direct/share:"  # get_weights_by_name(SHARE_PREFIX + path of a JSON list of HF names)
 DONE_PREFIX = "labkit-direct/1:"  # update_weights_from_tensor payload name: DONE_PREFIX + JSON list of names written
@@ -52,7 +55,8 @@ def share(model, names: list[str], tp_size: int = 1) -> list[list]:
         view = found[1]
         try:
             _, file, size = view.untyped_storage()._share_filename_cpu_()
-        except RuntimeError:  # shared another way already (a file descriptor): this one goes through the loader
+        except RuntimeError as e:  # shared another way already (a file descriptor): this one goes through the loader
+            logger.warning("labkit direct: %s stays on SGLang's loader: its storage cannot be shared (%s)", name, e)
             continue
         owners[found[0]] = model.get_parameter(found[0]).data_ptr()
         out.append([name, file.decode(), int(size), view.storage_offset() * view.element_size(),

@@ -26,7 +26,7 @@ class LoaderQueries:
 
     def apply_stats(self) -> list[int]:
         """[tensors labkit's loader copied by plan, tensors it passed to load_weights] since the last call; the
-        loader releases the buffers it kept for this sync (labkit.engine.apply.end_sync)."""
+        loader releases the kept buffers this sync did not use (labkit.engine.apply.end_sync)."""
         from labkit.engine.apply import STATS_NAME
 
         rows = self._b.get_weights_by_name(STATS_NAME, 1)

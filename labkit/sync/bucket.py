@@ -66,7 +66,8 @@ def gather(it, b: Bucket, seen: set) -> dict:
 def pack(bucket: Bucket, tensors: dict[str, torch.Tensor], out: torch.Tensor) -> torch.Tensor:
     """Copy `bucket`'s tensors (cast to the planned dtype) into `out[:bucket.nbytes]` and return that view."""
     if out.dtype != torch.uint8 or out.numel() < bucket.nbytes:
-        raise ValueError(f"buffer of {out.numel()} {out.dtype} cannot hold bucket {bucket.index} ({bucket.nbytes} bytes)")
+        raise ValueError(f"buffer of {out.numel()} {out.dtype} cannot hold bucket {bucket.index} "
+                         f"({bucket.nbytes} bytes)")
     flat, offset = out[: bucket.nbytes], 0
     for i, meta in enumerate(bucket.tensors):
         if i == len(bucket.tensors) // 2:
@@ -78,6 +79,15 @@ def pack(bucket: Bucket, tensors: dict[str, torch.Tensor], out: torch.Tensor) ->
         flat[offset: offset + meta.nbytes].copy_(src.reshape(-1).view(torch.uint8))
         offset += meta.nbytes
     return flat
+
+
+def offsets(bucket: Bucket) -> list[tuple[str, torch.dtype, tuple[int, ...], int]]:
+    """(name, dtype, shape, byte offset) of each tensor in the bucket's packed layout (`pack`)."""
+    out, offset = [], 0
+    for meta in bucket.tensors:
+        out.append((meta.name, torch_dtype(meta.dtype), meta.shape, offset))
+        offset += meta.nbytes
+    return out
 
 
 def unpack(bucket: Bucket, flat: torch.Tensor) -> list[tuple[str, torch.Tensor]]:

@@ -47,6 +47,10 @@ class SyncConfig:
     """The whole sync (atomic): a trainer still busy then is killed, the engine restored."""
     stage_dir: str | None = None
     """Internal: where the session writes a host copy of what it sends (set by labkit.sync.atomic)."""
+    stage_spare: bool = True
+    """Atomic syncs: keep the superseded rollback copy's files for the next sync to write over through mappings
+    already faulted in (two models of host memory at rest); False frees it after each sync (one model at rest, and
+    each sync's rollback copy faults a fresh model's worth of tmpfs pages in)."""
     unsafe_skip_verify: bool = False
     """Let the atomic guard serve (and keep as rollback) verify="none" weights."""
     delta: int = 0
@@ -68,6 +72,7 @@ class SyncConfig:
         check_choice(self, "verify")
         check_choice(self, "selector")
         check(isinstance(self.atomic, bool), "atomic", self.atomic, "True or False")
+        check(isinstance(self.stage_spare, bool), "stage_spare", self.stage_spare, "True or False")
         check(isinstance(self.unsafe_skip_verify, bool), "unsafe_skip_verify", self.unsafe_skip_verify,
               "True or False")
         if self.atomic and self.verify == "none" and not self.unsafe_skip_verify:

@@ -145,7 +145,7 @@ class Replicas:
     def _once(self, producer, cfg, spec: dict, version: str) -> dict:
         dtype = spec.get("dtype", "float32")
         before, v_before = self._prepare(spec, dtype, cfg)
-        live, staging = self.live, self.store.staging()
+        live, staging = self.live, self.store.staging(cfg.stage_spare)
         for i in live:
             self.engines[i].pause_generation(cfg.pause_mode)
         group = EngineGroup([self.engines[i].portable(call_timeout_s=cfg.timeout_s) for i in live], ids=live)

@@ -80,14 +80,18 @@ class FullCopies:
 
 class Stage:
     """The rollback copy of the version being sent (`lastgood.Writer` under `stage_dir`), written from the
-    flat buffer before it is reused; complete (index.json) only once the session closed."""
+    flat buffer before it is reused, or only indexed where the syncer packed the bucket into the copy itself
+    (colocated, distributed on CPU); complete (index.json) only once the session closed."""
 
     phase = "stage"
 
-    def __init__(self, stage_dir: str):
-        self.writer = lastgood.Writer(stage_dir)
+    def __init__(self, stage_dir: str, slots: lastgood.Slots | None = None, capacity: int = 0):
+        self.writer = lastgood.Writer(stage_dir, slots, capacity)
 
     def on_bucket(self, b, tensors, flat) -> None:
+        if flat is not None and self.writer.locate(flat) is not None:  # packed into the copy itself: index it
+            self.writer.add_packed(bk.offsets(b), flat)
+            return
         self.writer.add(dict(bk.unpack(b, flat)) if flat is not None else {
             m.name: tensors[m.name].detach().to("cpu", bk.torch_dtype(m.dtype)) for m in b.tensors})
 
@@ -99,10 +103,16 @@ class Stage:
         self.writer.abort()
 
 
-def for_config(cfg: SyncConfig, plan=None, engine_spec: dict | None = None) -> list[Hook]:
+def stage_writer(hooks: list[Hook]) -> lastgood.Writer | None:
+    """The rollback copy's writer, if it copies through a kept mapping (the syncer can pack buckets into it)."""
+    return next((h.writer for h in hooks if isinstance(h, Stage) and h.writer.maps is not None), None)
+
+
+def for_config(cfg: SyncConfig, plan=None, engine_spec: dict | None = None,
+               slots: lastgood.Slots | None = None) -> list[Hook]:
     """The hooks a sync runs, in order (verification answers before the rollback copy is completed). `plan`
     (labkit.sync.plan.Plan) tells the checksums how many parts fill each fused parameter, `engine_spec` the
-    engine's FFN padding and the hash its checker runs."""
+    engine's FFN padding and the hash its checker runs; `slots`, the syncer's kept mappings of rollback copies."""
     sizes = part_counts(t.name for t in plan.tensors) if plan is not None else None
     spec = engine_spec or {}
     ffn_pad = spec.get("ffn_pad", 1)
@@ -112,5 +122,6 @@ def for_config(cfg: SyncConfig, plan=None, engine_spec: dict | None = None) -> l
     elif cfg.verify != "none":
         hooks.append(Checksums(sizes, ffn_pad, spec.get("checksum", ck.DEFAULT)))
     if cfg.stage_dir:
-        hooks.append(Stage(cfg.stage_dir))
+        capacity = plan.total_bytes + lastgood.ALIGN * len(plan.tensors) if plan is not None else 0
+        hooks.append(Stage(cfg.stage_dir, slots, capacity))
     return hooks

@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from labkit import failpoints as fp
 from labkit.sync import bucket as bk
 from labkit.sync import hooks as hk
+from labkit.sync import lastgood
 from labkit.sync.config import SyncConfig
 from labkit.sync.delta import DeltaState
 from labkit.sync.memory import PeakRSS, extra_at_peak
@@ -63,6 +64,7 @@ class _State:
     held: list = field(default_factory=list)  # reusable buffer pools already resident when the sync began
     measured: int | None = None  # sync/peak_extra_bytes_measured
     nodes: dict = field(default_factory=dict)  # where trainer and engine run (labkit.sync.transport.where)
+    stage: lastgood.Writer | None = None  # the rollback copy the buckets are packed into (colocated, guarded)
 
     def timed(self, phase: str, fn, *args):
         t0 = time.perf_counter()
@@ -93,6 +95,7 @@ class Syncer:
         self.pool: bk.BufferPool | None = None
         self.delta: DeltaState | None = None
         self.maps = Mappings()  # transport="direct": the engine's parameter files, mapped once (none until then)
+        self.slots = lastgood.Slots()  # the atomic guard's rollback copies this rank writes, mapped once
         self.version = 0
 
     def close(self) -> None:
@@ -104,6 +107,7 @@ class Syncer:
             self.delta.close()
             self.delta = None
         self.maps.close()
+        self.slots.close()
 
     def run(self, named_iter, engine, cfg: SyncConfig, engine_spec: dict | None = None,
             weight_version: str | None = None, exclude: tuple[str, ...] = ()) -> dict:
@@ -114,7 +118,7 @@ class Syncer:
         named_iter = self._prepare(s, named_iter, engine, engine_spec, tuple(exclude))  # plan, buffers, transport
         s.version = weight_version or f"v{self.version + 1}"
         self._open_session(s, engine)  # release the KV cache, begin_weight_update
-        hooks = hk.for_config(cfg, s.plan, engine_spec)  # expected checksums or full copies; rollback copy
+        hooks = hk.for_config(cfg, s.plan, engine_spec, self.slots)  # checksums or full copies; rollback copy
         try:
             self._stream(s, iter(named_iter), engine, hooks)  # gather, pack, send (overlapped), hooks
             s.measured = extra_at_peak(s.rss, s.held, self._pools(), s.device)
@@ -206,6 +210,8 @@ class Syncer:
         s.worker = ThreadPoolExecutor(1, thread_name_prefix="labkit-sync")
         fp.hit("sync.begin")
         s.timed("setup", s.transport.open, engine, plan)
+        if getattr(s.transport, "packs_into_stage", False) and s.device == "cpu":  # pack into the rollback copy:
+            s.stage = s.transport.files = hk.stage_writer(hooks)  # the buckets are sent from there
         seen: set[str] = set()
         for b in tqdm(plan.buckets, desc=f"sync[{cfg.transport}]", unit="bucket", disable=not cfg.progress,
                       mininterval=1.0):
@@ -241,7 +247,8 @@ class Syncer:
 
     # --- buffers --------------------------------------------------------------------------------------------
     def _pack(self, s: _State, b: Bucket, tensors: dict) -> torch.Tensor:
-        flat = bk.pack(b, tensors, self._buffer(b, s.cfg, s.device))
+        out = s.stage.region(b.nbytes) if s.stage is not None else self._buffer(b, s.cfg, s.device)
+        flat = bk.pack(b, tensors, out)
         _sync_device()
         return flat
 

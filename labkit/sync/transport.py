@@ -37,7 +37,10 @@ __all__ = ["Transport", "make", "where", "PerTensor", "Colocated", "Distributed"
 
 class Transport(Protocol):
     """What the syncer asks of a transport (labkit.sync.session), in call order: `open` once per sync, after
-    begin_weight_update; `send` per bucket, from a worker thread; `close` once, also on failure (best effort)."""
+    begin_weight_update; `send` per bucket, from a worker thread; `close` once, also on failure (best effort).
+    Optional: `packs_into_stage` true after `open` if a bucket may be packed straight into the atomic guard's
+    staging copy (colocated: the engine reads it there; distributed: broadcast from there); the syncer then sets
+    `files` to that writer (labkit.sync.lastgood.Writer.locate)."""
 
     name: str  # SyncConfig.transport
     flattened: bool  # send() wants the packed flat buffer (else the bucket's exported tensors)

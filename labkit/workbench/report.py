@@ -80,6 +80,25 @@ def bench_table(run: dict) -> list[str]:
         lines[-1] += (" Share of an end-to-end sync spent in the engine's apply call (direct: the trainer's writes "
                       "into the engine's parameters): " + ", ".join(
             f"{t} {run[f'bench/engine_apply_share/{t}']:.0%}" for t in transports) + ".")
+    return lines + e2e_phase_table(run)
+
+
+E2E_PHASES = ("gather", "pack", "load", "verify", "stage", "guard", "session")
+
+
+def e2e_phase_table(run: dict) -> list[str]:
+    """Where the fastest end-to-end sync of each transport spent its time (`bench/phases_end_to_end`)."""
+    phases = run.get("bench/phases_end_to_end")
+    if not phases:
+        return []
+    head = ["end to end, by phase (s)", *E2E_PHASES, "waited"]
+    lines = ["", _row(head), _row(["---"] * len(head))]
+    for t, p in phases.items():
+        lines.append(_row([t, *(f"{p.get(k, 0.0):.3f}" for k in E2E_PHASES), f"{p['wall']:.3f}"]))
+    lines += ["", "Phases overlap (the next bucket's gather and pack run while the engine loads this one; the "
+                  "checksums of what was sent are hashed between packs, under `verify`), so a row does not add up "
+                  "to what was waited; `guard` is the atomic guard's own calls (the engine's checksums before the "
+                  "sync, pause, promote, resume)."]
     return lines
 
 

@@ -61,7 +61,7 @@ def test_copy_plan_lands_every_tensor_bitwise_and_counts_paths():
     assert torch.equal(m.norm, named["norm"])
     assert m.loaded == ["extra"]  # unmapped: the model's own loader
     assert apply.end_sync() == [3, 1] and apply.end_sync() == [0, 0]
-    assert not apply._mapped  # the engine holds no shared memory between syncs
+    assert not apply._mapped  # a buffer not in shared memory (the distributed path's) is never kept
 
 
 def test_a_kept_buffer_is_reused_and_new_bytes_in_it_land():
@@ -75,6 +75,22 @@ def test_a_kept_buffer_is_reused_and_new_bytes_in_it_land():
     apply.load_flat(m, [(key, flat)])
     assert apply._mapped[flat.data_ptr()][1][key] is views  # no new views, no new mapping
     assert torch.equal(m.qkv[:4], new["q"]) and torch.equal(m.norm, new["norm"])
+
+
+def test_a_shared_buffer_stays_mapped_across_syncs_while_the_trainer_sends_it():
+    """The next sync's handle resolves to the mapping already faulted in; a buffer a sync did not use (the trainer
+    replaced its pool) is let go at that sync's end."""
+    m = Model()
+    key, flat = _bucket({"q": torch.randn(4, 3), "norm": torch.randn(3)})
+    flat.share_memory_()
+    other = flat.clone().share_memory_()
+    apply.load_flat(m, [(key, flat)])
+    apply.load_flat(m, [(key, other)])
+    apply.end_sync()
+    assert set(apply._mapped) == {flat.data_ptr(), other.data_ptr()}  # both used: both kept for the next sync
+    apply.load_flat(m, [(key, flat)])
+    apply.end_sync()
+    assert set(apply._mapped) == {flat.data_ptr()}
 
 
 def test_a_recreated_parameter_is_re_resolved():
@@ -150,3 +166,45 @@ def test_layout_of_reads_names_and_shapes_from_either_payload_name():
     key, _ = _bucket({"q": torch.zeros(4, 3), "norm": torch.zeros(3)})
     assert apply.layout_of(key) == [("q", (4, 3)), ("norm", (3,))]
     assert apply.layout_of(apply.delta_key(key, 4, 15, "index")) == [("q", (4, 3)), ("norm", (3,))]
+
+
+def test_a_bucket_packed_into_the_staging_file_is_read_there_and_is_the_rollback_copy(tmp_path):
+    """The guarded colocated path: the trainer packs into the guard's staging file (lastgood.Writer.region), the
+    engine maps that file once and copies from it; the same bytes are then the indexed rollback copy."""
+    from labkit.engine import stagefile
+    from labkit.sync import lastgood
+
+    store, slots = lastgood.Store(tmp_path), lastgood.Slots()
+    m = Model()
+    stagefile._files.clear()
+    for version in ("v1", "v2", "v3"):
+        named = {"q": torch.randn(4, 3), "k": torch.randn(2, 3), "norm": torch.randn(3)}
+        key, packed = _bucket(named)
+        w = lastgood.Writer(store.staging(), slots, capacity=16)
+        w.region(8)  # a bucket already there: this one starts at an aligned offset past it
+        flat = w.region(packed.numel())
+        flat.copy_(packed)
+        path, offset = w.locate(flat)
+        assert offset % lastgood.ALIGN == 0 and w.locate(packed) is None
+        apply.load_flat(m, [(stagefile.key(path, offset, key), torch.zeros(1, dtype=torch.uint8))])
+        assert torch.equal(m.qkv[:4], named["q"]) and torch.equal(m.qkv[4:], named["k"])
+        w.add_packed([(n, t.dtype, tuple(t.shape), o) for (n, t), (_, _, _, o, _) in
+                      zip(named.items(), apply.json.loads(key[len(apply.PREFIX):]))], flat)
+        store.promote(w.finish(version), version, {})
+        assert all(torch.equal(lastgood.load(store.good["path"])[1][n], t) for n, t in named.items())
+    assert len(stagefile._files) == 2  # two recycled files, each mapped once by the engine
+    assert apply.end_sync() == [9, 0]
+
+
+def test_the_engine_maps_no_file_but_a_labkit_staging_copy(tmp_path):
+    from labkit.engine import stagefile
+
+    (tmp_path / "data.bin").write_bytes(b"\0" * 64)
+    key, _ = _bucket({"norm": torch.randn(3)})
+    with pytest.raises(ValueError, match="not a labkit staging file"):
+        apply.load_flat(Model(), [(stagefile.key(str(tmp_path / "data.bin"), 0, key), torch.zeros(1))])
+    d = tmp_path / "labkit_stage_1_x" / "s1"
+    d.mkdir(parents=True)
+    (d / "data.bin").write_bytes(b"\0" * 8)
+    with pytest.raises(ValueError, match="outside the staging file"):
+        apply.load_flat(Model(), [(stagefile.key(str(d / "data.bin"), 0, key), torch.zeros(1))])

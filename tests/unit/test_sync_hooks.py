@@ -40,7 +40,8 @@ class Counting:
 
 def _with(monkeypatch, extra):
     real = hk.for_config
-    monkeypatch.setattr(hk, "for_config", lambda cfg, plan=None, spec=None: real(cfg, plan, spec) + [extra])
+    monkeypatch.setattr(hk, "for_config",
+                        lambda cfg, plan=None, spec=None, slots=None: real(cfg, plan, spec, slots) + [extra])
 
 
 def test_a_new_hook_sees_every_bucket_and_its_metrics_come_back(monkeypatch):

@@ -7,6 +7,7 @@ import time
 import torch
 
 from labkit import failpoints as fp
+from labkit.engine import stagefile
 from labkit.engine.config import APPLY_FORMAT
 from labkit.sync import bucket as bk
 from labkit.sync.plan import Bucket
@@ -28,6 +29,10 @@ class Colocated:
        same handle; the call returns once every rank loaded it;
     3. close: read which path applied the tensors (`apply_path`); the engine lets go of the buffers (they are
        the syncer's, reused next sync).
+    Under the atomic guard (labkit's loader, no delta) the syncer packs each bucket straight into the guard's
+    staging file (`files`, labkit.sync.lastgood) instead of a shared bucket: the payload then names that file
+    and the bucket's offset (labkit.engine.stagefile), the engine keeps the file mapped, and the rollback copy
+    costs no copy of its own.
     With `delta` (labkit.sync.delta), step 2 first encodes the bucket against the copy of what the engine holds
     and sends the change mask and changed words instead (labkit's loader only).
     """
@@ -39,6 +44,12 @@ class Colocated:
 
     def __init__(self, delta=None):
         self.delta = delta
+        self.files = None  # the atomic guard's staging writer, when the syncer packs buckets into it
+
+    @property
+    def packs_into_stage(self) -> bool:
+        """Whether the engine can read a bucket where it lies in the guard's staging file (labkit's loader)."""
+        return self.fmt == APPLY_FORMAT and self.delta is None
 
     def open(self, engine, plan) -> None:
         # SGLang is crossed here only. Imported in `open` (timed as setup), not on the first `send`: there it
@@ -63,7 +74,11 @@ class Colocated:
             flat, key = self.delta.encode(b, flat, key)
             encode, t0 = time.perf_counter() - t0, time.perf_counter()
         fp.hit("transport.send", flat=flat)
-        if self.fmt == APPLY_FORMAT:
+        at = self.files.locate(flat) if self.files is not None else None
+        if at is not None:  # the bucket lies in the staging file: name the file, not a handle to a segment
+            payload = self.serializer.serialize([(stagefile.key(*at, key), torch.zeros(1, dtype=torch.uint8))],
+                                                output_str=True)
+        elif self.fmt == APPLY_FORMAT:
             payload = self.serializer.serialize([(key, flat)], output_str=True)
         else:
             payload = self.serializer.serialize({"flattened_tensor": flat, "metadata": bk.metadata(b)},

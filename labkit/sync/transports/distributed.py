@@ -85,6 +85,12 @@ class Distributed:
         self.landed = True  # every send so far returned: the engine is not stuck in a receive
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="labkit-engine")
 
+    @property
+    def packs_into_stage(self) -> bool:
+        """A gloo broadcast sends from any host buffer: under the atomic guard the syncer packs each bucket into
+        the guard's staging copy and it is broadcast from there (the rollback copy costs no copy of its own)."""
+        return self.delta is None and not torch.cuda.is_available()
+
     def open(self, engine, plan) -> None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         self.flat = not torch.cuda.is_available() and engine.accepts(APPLY_FORMAT) and engine.routes_flat()
