@@ -64,7 +64,7 @@ class _State:
     held: list = field(default_factory=list)  # reusable buffer pools already resident when the sync began
     measured: int | None = None  # sync/peak_extra_bytes_measured
     nodes: dict = field(default_factory=dict)  # where trainer and engine run (labkit.sync.transport.where)
-    stage: lastgood.Writer | None = None  # the rollback copy the buckets are packed into (colocated, guarded)
+    stage: lastgood.Writer | None = None  # the rollback copy buckets are packed into (guarded, bucketed, CPU)
 
     def timed(self, phase: str, fn, *args):
         t0 = time.perf_counter()
