@@ -65,10 +65,7 @@ class Writer:
         the copy (the colocated transport: the engine reads it from here, `locate`); `add_packed` then indexes it."""
         self.nbytes += -self.nbytes % ALIGN
         end = self.nbytes + nbytes
-        if end > self._buf.numel():
-            self.capacity = max(end, 2 * self.capacity)
-            self._buf = self.maps.get(self.path / "data.bin", self.capacity)
-        view = self._buf[self.nbytes:end]
+        view = self._upto(end)[self.nbytes:end]
         self.nbytes = end
         return view
 
@@ -93,10 +90,14 @@ class Writer:
             self._f.seek(self.nbytes)
             self._f.write(memoryview(raw.numpy()))
             return
-        if end > self._buf.numel():  # more than the plan said (or no plan): map the grown file
+        self._upto(end)[self.nbytes:end].copy_(raw)
+
+    def _upto(self, end: int) -> torch.Tensor:
+        """The mapping, grown (file and map) when `end` is past it: more than the plan said, or no plan."""
+        if end > self._buf.numel():
             self.capacity = max(end, 2 * self.capacity)
             self._buf = self.maps.get(self.path / "data.bin", self.capacity)
-        self._buf[self.nbytes:end].copy_(raw)
+        return self._buf
 
     def finish(self, version: str) -> str:
         if self._f is not None:
