@@ -36,7 +36,11 @@ class Hook(Protocol):
 def _engine_dtype(b: Bucket, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The EXPORTED tensors cast to the engine dtype (the packer's cast), never the packed buffer: a packing
     bug (wrong offset, wrong cast) then fails verification instead of being hashed into the expectation."""
-    return {m.name: tensors[m.name].detach().to(bk.torch_dtype(m.dtype)) for m in b.tensors}
+    out = {}
+    for m in b.tensors:  # a no-op `.to` per tensor was 5 % of an MoE sync's trainer time (4,179 tensors)
+        t, want = tensors[m.name].detach(), bk.torch_dtype(m.dtype)
+        out[m.name] = t if t.dtype == want else t.to(want)
+    return out
 
 
 class Checksums:

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from labkit.models.hf import fix_rope_theta
@@ -109,16 +111,19 @@ def _export_no_pp(bridge, models):
     mbridge exchanges every tensor's name and spec over the PP group (all_gather_object + broadcast) even
     when that group has one rank: ~1 ms per tensor, which was most of a CPU sync's gather phase (and an MoE
     model has thousands). Megatron keeps a router's `expert_bias` (DeepSeek-V3's e_score_correction_bias) out
-    of named_parameters, in state_dict only; it is exported from there, as mbridge does.
+    of named_parameters, as a persistent buffer; it is exported from the buffers, as mbridge does from the
+    state dict. Neither walks `state_dict()` per sync: in a py-spy of guarded syncs of the 4,179-tensor MoE
+    preset (not stored), the two `state_dict()` calls (this one and the one inside mbridge's name map) took 76
+    of the 675 samples of the trainer's sync thread; the name map is now kept per model (`_global_names`).
     """
     from mbridge.core.util import unwrap_model
 
     tp, group = bridge.mpu.tp_size, bridge.mpu.tp_group
     for model in models:
         model = unwrap_model(model)
-        local_to_global = bridge._weight_name_mapping_mcore_local_to_global(model, consider_ep=False)
         params = dict(model.named_parameters())
-        params.update((k, v) for k, v in model.state_dict().items() if "expert_bias" in k and k not in params)
+        params.update((k, v) for k, v in model.named_buffers() if "expert_bias" in k and k not in params)
+        local_to_global = _global_names(bridge, model, params)
         for local, param in params.items():
             name = local_to_global[local]
             if getattr(param, "tensor_model_parallel", False) and tp > 1:
@@ -126,6 +131,18 @@ def _export_no_pp(bridge, models):
                 torch.distributed.all_gather(parts, param, group=group)
                 param = bridge._weight_merge_across_tp(name, parts, param)
             yield from zip(*bridge._weight_to_hf_format(name, param))
+
+
+_NAMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> mbridge's local -> global name map
+
+
+def _global_names(bridge, model, params: dict) -> dict[str, str]:
+    """mbridge's local -> global name map of `model` (a function of its structure), built once per model and
+    built again if a name it lacks appears."""
+    names = _NAMES.get(model)
+    if names is None or not all(k in names for k in params):
+        names = _NAMES[model] = bridge._weight_name_mapping_mcore_local_to_global(model, consider_ep=False)
+    return names
 
 
 def export_unique(bridge, models, fast: bool = True):

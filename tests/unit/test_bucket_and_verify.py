@@ -42,6 +42,29 @@ def test_pack_round_trips_through_sglangs_own_flattened_bucket():
     assert [n for n, _ in bk.unpack(b, flat)] == b.names
 
 
+def _reference_pack(b, named) -> bytes:
+    return b"".join(named[m.name].to(bk.torch_dtype(m.dtype)).contiguous().view(-1).view(torch.uint8).numpy()
+                    .tobytes() for m in b.tensors)
+
+
+@pytest.mark.parametrize("start", [0, 1])  # 1: every typed view of the buffer is misaligned (per-tensor copies)
+def test_pack_casts_and_copies_misaligned_runs_byte_for_byte(start):
+    """Runs of one dtype (the plan orders by dtype) go through one torch.cat into a typed view; a buffer
+    starting at an odd byte cannot be viewed as fp32 and is copied tensor by tensor; a planned bf16 casts an
+    fp32 export; transposed (non-contiguous) exports are laid out in C order."""
+    g = torch.Generator().manual_seed(1)
+    named = {"a.weight": torch.randn(3, 5, generator=g), "b.weight": torch.randn(7, generator=g).t(),
+             "mask": torch.tensor([True, False, True]), "c.weight": torch.randn(4, 3, generator=g).t(),
+             "d.weight": torch.randn(6, generator=g), "e.weight": torch.randn(2, 2, generator=g)}
+    metas = _metas(named)
+    metas[4] = TensorMeta("d.weight", (6,), "bfloat16")  # the engine serves bf16: the pack casts
+    (b,) = plan_buckets(metas, 1 << 20).buckets
+    out = torch.full((b.nbytes + 2,), 7, dtype=torch.uint8)
+    flat = bk.pack(b, named, out[start:])
+    assert bytes(flat.numpy()) == _reference_pack(b, named)
+    assert out[start + b.nbytes] == 7  # nothing past the bucket
+
+
 def test_pack_refuses_wrong_shape_and_small_buffer():
     named = _named()
     (b,) = plan_buckets(_metas(named), 1 << 20).buckets
