@@ -68,8 +68,9 @@ def pack(bucket: Bucket, tensors: dict[str, torch.Tensor], out: torch.Tensor) ->
 
     Each run of same-dtype tensors is one `torch.cat(..., out=)` into a typed view of the buffer (the cast rides
     along): a per-tensor loop cost ~4 us more per tensor on the 2-core box, ~16 ms of an MoE sync's 4,179 tensors
-    (a microbenchmark of 450 tensors of 73 KB: 4.7 ms per bucket against 3.0 ms; not stored). A run the typed view cannot take (a byte offset not a multiple of its element size, a source on
-    another device) is copied tensor by tensor, as before."""
+    (a microbenchmark of 450 tensors of 73 KB: 4.7 ms per bucket against 3.0 ms; not stored). A run the typed
+    view cannot take (a byte offset not a multiple of its element size, a source on another device) is copied
+    tensor by tensor, as before."""
     if out.dtype != torch.uint8 or out.numel() < bucket.nbytes:
         raise ValueError(f"buffer of {out.numel()} {out.dtype} cannot hold bucket {bucket.index} "
                          f"({bucket.nbytes} bytes)")
