@@ -14,7 +14,7 @@ import torch
 
 from labkit import failpoints as fp
 from labkit.engine.apply import layout_key as _layout_key
-from labkit.sync.plan import Bucket
+from labkit.sync.plan import Bucket, TensorMeta
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -25,25 +25,27 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def spans(bucket: Bucket) -> list[tuple[TensorMeta, int, int]]:
+    """(tensor, start byte, end byte) of each tensor in the bucket's packed layout: back to back, in plan order
+    (what `pack` writes and every reader of a flat bucket assumes)."""
+    out, offset = [], 0
+    for t in bucket.tensors:
+        out.append((t, offset, offset + t.nbytes))
+        offset = out[-1][2]
+    return out
+
+
 def metadata(bucket: Bucket) -> list:
     """SGLang's FlattenedTensorMetadata list for `bucket` (byte offsets into the flat buffer)."""
     from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata  # SGLang is crossed here only
 
-    out, offset = [], 0
-    for t in bucket.tensors:
-        out.append(FlattenedTensorMetadata(name=t.name, shape=torch.Size(t.shape), dtype=torch_dtype(t.dtype),
-                                           start_idx=offset, end_idx=offset + t.nbytes, numel=t.nbytes))
-        offset += t.nbytes
-    return out
+    return [FlattenedTensorMetadata(name=t.name, shape=torch.Size(t.shape), dtype=torch_dtype(t.dtype),
+                                    start_idx=a, end_idx=b, numel=t.nbytes) for t, a, b in spans(bucket)]
 
 
 def layout_key(bucket: Bucket) -> str:
     """The name labkit's engine-side loader reads a flat bucket by (labkit.engine.apply.layout_key)."""
-    entries, offset = [], 0
-    for t in bucket.tensors:
-        entries.append((t.name, t.dtype, tuple(t.shape), offset, offset + t.nbytes))
-        offset += t.nbytes
-    return _layout_key(entries)
+    return _layout_key([(t.name, t.dtype, tuple(t.shape), a, b) for t, a, b in spans(bucket)])
 
 
 def gather(it, b: Bucket, seen: set) -> dict:
@@ -114,20 +116,12 @@ def _copy_runs(metas, srcs: list[torch.Tensor], flat: torch.Tensor, offset: int)
 
 def offsets(bucket: Bucket) -> list[tuple[str, torch.dtype, tuple[int, ...], int]]:
     """(name, dtype, shape, byte offset) of each tensor in the bucket's packed layout (`pack`)."""
-    out, offset = [], 0
-    for meta in bucket.tensors:
-        out.append((meta.name, torch_dtype(meta.dtype), meta.shape, offset))
-        offset += meta.nbytes
-    return out
+    return [(t.name, torch_dtype(t.dtype), t.shape, a) for t, a, _ in spans(bucket)]
 
 
 def unpack(bucket: Bucket, flat: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
     """Views of each tensor inside `flat` (no copy)."""
-    out, offset = [], 0
-    for meta in bucket.tensors:
-        out.append((meta.name, flat[offset: offset + meta.nbytes].view(torch_dtype(meta.dtype)).reshape(meta.shape)))
-        offset += meta.nbytes
-    return out
+    return [(t.name, flat[a:b].view(torch_dtype(t.dtype)).reshape(t.shape)) for t, a, b in spans(bucket)]
 
 
 class BufferPool:
