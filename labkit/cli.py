@@ -77,10 +77,17 @@ def cmd_pretrain(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from labkit.workbench import sync_bench as bench
-
     if args.what == "serve-sync":
         return cmd_serve_sync(args)
+    if args.what == "codec":  # no engine, no trainer, no Ray: the codec and the pack alone, on one device
+        from labkit.workbench.codec_bench import bench_codec
+
+        out = bench_codec(args.device, bucket_mb=args.bucket_mb, reps=args.reps)
+        write_run(out, args.out)
+        emit(out, args.json)
+        return 0 if out["bench/codec/verified"] else 1
+    from labkit.workbench import sync_bench as bench
+
     spec = args.model or (bench.QUICK_SPEC if args.quick else bench.BENCH_SPEC)
     if args.what == "delta":
         from labkit.workbench.delta_bench import bench_delta
@@ -190,8 +197,10 @@ def _add_bench_commands(sub) -> None:
     """bench, tune: measurements (JSON)."""
     d = sub.add_parser("bench", help="benchmarks; `labkit bench sync`: per-tensor vs bucketed vs memcpy; "
                                      "`labkit bench serve-sync`: syncs under generate traffic, per pause mode; "
-                                     "`labkit bench delta`: full vs delta syncs into a bf16 engine")
-    d.add_argument("what", choices=["sync", "serve-sync", "delta"])
+                                     "`labkit bench delta`: full vs delta syncs into a bf16 engine; "
+                                     "`labkit bench codec`: the delta codec and the pack alone, on a GPU if any")
+    d.add_argument("what", choices=["sync", "serve-sync", "delta", "codec"])
+    d.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="codec: where it runs")
     d.add_argument("--modes", default=None, help="serve-sync: comma-separated pause modes "
                                                  f"(default {','.join(ServeBenchConfig().modes)})")
     add_arguments(d, ServeBenchConfig, ("syncs", "max_requests", "backend"),

@@ -36,8 +36,9 @@ from labkit.sync.plan import Bucket, Plan
 class DeltaState:
     """The copy a delta is computed against, and this sync's counts. Lives on the Syncer, across syncs."""
 
-    def __init__(self, anchor_every: int, shared: bool):
-        self.anchor_every, self.shared = anchor_every, shared
+    def __init__(self, anchor_every: int, device: str = "cpu"):
+        """`device`: where the flat buckets live (the payload buffer goes there; shared memory on CPU)."""
+        self.anchor_every, self.device = anchor_every, device
         self.shadows: dict[int, object] = {}  # bucket index -> uint8 copy of what the engine holds
         self.plan: Plan | None = None
         self.version: str | None = None  # the engine weight version the copy equals
@@ -66,7 +67,8 @@ class DeltaState:
         if not self.anchor and (self.pool is None or self.pool.nbytes < normal):
             if self.pool is not None:
                 self.pool.close()
-            self.pool = bk.BufferPool(normal, shared=self.shared, slots=1)  # send() runs one bucket at a time
+            self.pool = bk.BufferPool(normal, device=self.device, shared=self.device == "cpu",
+                                      slots=1)  # send() runs one bucket at a time
 
     def encode(self, b: Bucket, flat, layout: str) -> tuple[object, str]:
         """(payload, its name) for bucket `b` packed in `flat`; the copy is brought up to `flat` either way."""

@@ -170,7 +170,7 @@ class Syncer:
             self.delta.close()
             self.delta = None
         if cfg.delta:
-            self.delta = self.delta or DeltaState(cfg.delta, shared=s.device == "cpu")
+            self.delta = self.delta or DeltaState(cfg.delta, device=s.device)
             self.delta.anchor_every, s.delta = cfg.delta, self.delta
             s.delta.begin(s.plan, engine.weight_version)
             s.extra = s.peak = s.extra + (s.delta.pool.allocated_bytes if s.delta.pool else 0)

@@ -123,6 +123,30 @@ def delta_table(run: dict) -> list[str]:
     return lines
 
 
+def codec_table(runs: list[tuple[str, dict]]) -> list[str]:
+    """`labkit bench codec` runs: a row per device, bucket size and changed fraction (labkit.workbench.codec_bench)."""
+    head = ["device", "bucket", "changed (encoding)", "payload (of bucket)", "encode (ms)", "decode (ms)",
+            "full bucket's copy (ms)", "delta pays on links below"]
+    lines, packs = [_row(head), _row(["---"] * len(head))], []
+    for _, run in runs:
+        dev, size = run["bench/codec/device"], f"{run['bench/codec/bucket_bytes'] >> 20} MiB"
+        for key in sorted(k.removesuffix("/encoding") for k in run if k.endswith("/encoding")):
+            g = lambda k: run[f"{key}/{k}"]  # noqa: E731
+            even = g("break_even_gbps")
+            lines.append(_row([dev, size, f"{g('changed_fraction'):.1%} ({g('encoding')})", f"{g('payload_ratio'):.1%}",
+                               f"{g('encode_seconds') * 1e3:.2f}", f"{g('decode_seconds') * 1e3:.2f}",
+                               f"{run['bench/codec/copy_seconds'] * 1e3:.2f}",
+                               "any link" if even is None else f"{even:.3g} GB/s"]))
+        packs.append(f"{dev}, {size}: {run['bench/pack/tensors']:,} tensors in "
+                     f"{run['bench/pack/seconds'] * 1e3:.1f} ms ({run['bench/pack/us_per_tensor']:.1f} µs per tensor)")
+    ok = all(r["bench/codec/verified"] for _, r in runs)
+    return lines + ["", f"{runs[0][1]['bench/codec/tensors']} destination tensors per bucket, medians of "
+                        f"{runs[0][1]['bench/codec/reps']} after a warm-up. `bench/codec/verified`: {ok} in every "
+                        "run (each decode reproduced the new bucket bitwise, each encode left the copy equal to "
+                        "it, each pack unpacked to its sources). Pack of fp32 expert matrices (96 × 192) into a "
+                        "bf16 bucket: " + "; ".join(packs) + "."]
+
+
 def roofline_table(run: dict) -> list[str]:
     """Published syncs beside the bound of the transport each used (labkit.sync.roofline_published)."""
     head = ["system", "model", "hardware", "mode", "published", "bytes per sync", "bound of its transport",
@@ -169,8 +193,12 @@ TABLES = {"mtp": ("mtp_experiment_cpu.json", mtp_table),
           "serve-sync": ("bench_serve_sync_cpu.json", serve_table),
           "bench-sync": ("bench_sync_cpu.json", bench_table), "bench-delta": ("bench_delta_cpu.json", delta_table),
           "bench-sync-moe": ("bench_sync_moe_cpu.json", bench_table),
+          "bench-codec": ("bench_codec_*.json", codec_table),
           "roofline": ("roofline_published.json", roofline_table),
           "roofline-models": ("roofline_published.json", roofline_models_table)}
+
+
+MULTI = {"bench-codec"}  # several runs of one bench, not paired with the MTP run
 
 
 def _runs(data_dir: Path, pattern: str) -> tuple[list[tuple[str, dict]], dict]:
@@ -181,6 +209,10 @@ def _runs(data_dir: Path, pattern: str) -> tuple[list[tuple[str, dict]], dict]:
 
 def render(name: str, data_dir: Path) -> str:
     file, fn = TABLES[name]
+    if name in MULTI:  # several runs of one bench, one block of rows each
+        runs = [(p.name, json.loads(p.read_text())) for p in sorted(data_dir.glob(file))]
+        made = "; ".join(f"`data/{f}` by `{r.get('command', '?')}`" for f, r in runs)
+        return "\n".join([*fn(runs), "", f"(from {made}; regenerate with `labkit report`)"])
     if "*" in file:  # several runs, each with its own command, beside the default MTP run they pair with
         runs, base = _runs(data_dir, file)
         made = "; ".join(f"`data/{f}` by `{r.get('command', '?')}`" for f, r in runs)

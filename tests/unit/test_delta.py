@@ -46,9 +46,10 @@ def test_round_trip_is_bitwise_for_any_mix_and_fraction(seed):
     payload, k, encoding = r
     n = f_new.numel() // word
     assert payload.numel() == min(delta.payload_bytes(n, k, word, e) for e in delta.ENCODINGS)  # the smaller one
-    dst = [t.clone() for t in old]
-    assert delta.decode_into(payload, word, n, _spans(old), dst, encoding) == k
-    assert torch.equal(_flat(dst), f_new)
+    for flat in (False, True):  # per destination (CPU default) and through one scratch bucket (GPU default)
+        dst = [t.clone() for t in old]
+        assert delta.decode_into(payload, word, n, _spans(old), dst, encoding, flat=flat) == k
+        assert torch.equal(_flat(dst), f_new)
 
 
 def test_nan_and_negative_zero_are_compared_as_bits():
@@ -106,7 +107,7 @@ def test_the_trainer_copy_is_trusted_only_while_nothing_else_changed_the_engine(
     from labkit.sync.plan import TensorMeta, plan_buckets
 
     plan = plan_buckets([TensorMeta("a", (64,), "bfloat16"), TensorMeta("b", (32,), "bfloat16")], 1 << 20)
-    d = DeltaState(anchor_every=3, shared=False)
+    d = DeltaState(anchor_every=3, device="cpu")
 
     def step(p, engine_version, commit_as):
         d.begin(p, engine_version)
