@@ -40,20 +40,23 @@ QUICK_KINDS = ("exception", "corrupt_in_transit", "peer_absent", "port_in_use", 
 SYNC_POINTS = ("sync.begin", "sync.bucket", "sync.end", "sync.version")
 FLATTENED = ("colocated", "distributed")
 TRANSPORTS = ("per-tensor", *FLATTENED)
+# direct: the trainer writes into the engine's parameters itself (no bucket, no engine apply, no rendezvous), so
+# the faults that reach it are the trainer's and the engine's own
+WRITERS = (*TRANSPORTS, "direct")
 SPEC = ModelSpec(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128, seed=0)
 # kind -> (failpoint, action, transports it applies to); None point: the fault is in the input
 _FAULTS = {
-    "exception": (None, "raise", TRANSPORTS),
-    "trainer_killed": (None, "wait", TRANSPORTS),
+    "exception": (None, "raise", WRITERS),
+    "trainer_killed": (None, "wait", WRITERS),
     "trainer_killed_packing": ("bucket.pack", "wait", FLATTENED),
-    "engine_killed": (None, "wait", TRANSPORTS),
+    "engine_killed": (None, "wait", WRITERS),
     "apply_crash": ("engine.apply", "crash", TRANSPORTS),
     "apply_hang": ("engine.apply", "hang", TRANSPORTS),
     "corrupt_in_transit": ("transport.send", "corrupt", FLATTENED),
     "peer_hang": ("transport.send", "hang", ("distributed",)),
     "peer_absent": ("transport.peer", "skip", ("distributed",)),
     "port_in_use": ("transport.open", "squat", ("distributed",)),
-    "bad_tensor": (None, None, TRANSPORTS),
+    "bad_tensor": (None, None, WRITERS),
 }
 
 
@@ -96,12 +99,15 @@ class Trial:
 
 
 def plan_trials(n: int, seed: int, kinds: tuple[str, ...] = KINDS) -> list[Trial]:
-    """Kinds in shuffled rounds (every kind equally often), each with its own random point and transport."""
-    rng, out = random.Random(seed), []
+    """Kinds in shuffled rounds (every kind equally often), each with its own random point; a kind's transports
+    are drawn without replacement until each has had a turn (three rounds put an exception on three of the four
+    transports, not wherever chance falls)."""
+    rng, out, turns = random.Random(seed), [], {}
     while len(out) < n:
         for kind in rng.sample(list(kinds), len(kinds)):
             point, action, transports = _FAULTS[kind]
-            transport = rng.choice(transports)
+            turns[kind] = turns.get(kind) or rng.sample(list(transports), len(transports))
+            transport = turns[kind].pop()
             if point is None and action is not None:  # a sync point (the broadcast too, where there is one)
                 point = rng.choice(list(SYNC_POINTS) + (["transport.send"] if transport == "distributed" else []))
             out.append(Trial(kind, transport, point, action, round(rng.random(), 3)))

@@ -127,11 +127,14 @@ def test_trials_cover_every_kind_evenly_with_valid_points():
     assert n >= 30 and len(KINDS) >= 8 and set(counts.values()) == {n // len(KINDS)}
     assert counts["apply_crash"] + counts["apply_hang"] >= 5 and counts["corrupt_in_transit"] >= 3
     assert plan_trials(n, seed=0) == trials and plan_trials(n, seed=1) != trials
+    assert {t.transport for t in trials} == {"per-tensor", "colocated", "distributed", "direct"}
     for t in trials:
         if t.kind in ("peer_hang", "peer_absent", "port_in_use") or t.point == "transport.send":
             assert t.transport == "distributed" or t.kind == "corrupt_in_transit"
         if t.kind in ("corrupt_in_transit", "trainer_killed_packing"):
-            assert t.transport != "per-tensor"  # only a flattened transport packs a bucket
+            assert t.transport in ("colocated", "distributed")  # only a flattened transport packs a bucket
+        if t.transport == "direct":  # no bucket, no engine apply, no rendezvous: the trainer's and engine's faults
+            assert t.kind in ("exception", "trainer_killed", "engine_killed", "bad_tensor")
         assert (t.point is None) == (t.kind == "bad_tensor")
         if t.point is not None:
             fp.Armed(t.point, t.action, marker="m", gate="g")  # a point and action the failpoints know
