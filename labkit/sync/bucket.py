@@ -77,32 +77,30 @@ def pack(bucket: Bucket, tensors: dict[str, torch.Tensor], out: torch.Tensor) ->
     3.3 us (14,563 tensors of 36 KB; 7.3 against 1.7 us for 910) and 95 against 70 ms for 64 tensors of 16 MB on
     the 2-core box (scratch microbenchmarks of the two calls, not stored; `labkit bench codec` times this pack);
     without a cast the two are even."""
-    sizes = [m.nbytes for m in bucket.tensors]  # once: each is a product, and MoE buckets hold thousands
-    total = sum(sizes)
-    if out.dtype != torch.uint8 or out.numel() < total:
-        raise ValueError(f"buffer of {out.numel()} {out.dtype} cannot hold bucket {bucket.index} ({total} bytes)")
+    if out.dtype != torch.uint8 or out.numel() < bucket.nbytes:
+        raise ValueError(f"buffer of {out.numel()} {out.dtype} cannot hold bucket {bucket.index} "
+                         f"({bucket.nbytes} bytes)")
     srcs = []
     for meta in bucket.tensors:
         t = tensors[meta.name]
         if tuple(t.shape) != meta.shape:
             raise ValueError(f"{meta.name}: shape {tuple(t.shape)} != planned {meta.shape}")
         srcs.append(t.detach())
-    flat, half = out[:total], len(srcs) // 2
-    _copy_runs(bucket.tensors[:half], sizes[:half], srcs[:half], flat, 0)
+    flat, half = out[: bucket.nbytes], len(srcs) // 2
+    _copy_runs(bucket.tensors[:half], srcs[:half], flat, 0)
     fp.hit("bucket.pack")  # `labkit faults`: a failure half way through a pack
-    _copy_runs(bucket.tensors[half:], sizes[half:], srcs[half:], flat, sum(sizes[:half]))
+    _copy_runs(bucket.tensors[half:], srcs[half:], flat, sum(m.nbytes for m in bucket.tensors[:half]))
     return flat
 
 
-def _copy_runs(metas, sizes: list[int], srcs: list[torch.Tensor], flat: torch.Tensor, offset: int) -> None:
-    """Copy `srcs` (`sizes` bytes each) back to back into `flat` from byte `offset`, one `torch.cat` per run of
-    one planned dtype."""
+def _copy_runs(metas, srcs: list[torch.Tensor], flat: torch.Tensor, offset: int) -> None:
+    """Copy `srcs` back to back into `flat` from byte `offset`, one `torch.cat` per run of one planned dtype."""
     i = 0
     while i < len(metas):
         j, dtype = i, metas[i].dtype
         while j < len(metas) and metas[j].dtype == dtype:
             j += 1
-        nbytes = sum(sizes[i:j])
+        nbytes = sum(m.nbytes for m in metas[i:j])
         region, typed = flat[offset: offset + nbytes], None
         if all(t.device == flat.device for t in srcs[i:j]):
             try:
@@ -117,10 +115,10 @@ def _copy_runs(metas, sizes: list[int], srcs: list[torch.Tensor], flat: torch.Te
                 torch._foreach_copy_(list(typed.split([t.numel() for t in run])), run)
         else:
             at = 0
-            for m, size, t in zip(metas[i:j], sizes[i:j], srcs[i:j]):
+            for m, t in zip(metas[i:j], srcs[i:j]):
                 src = t.to(device=flat.device, dtype=torch_dtype(m.dtype)).contiguous()
-                region[at: at + size].copy_(src.reshape(-1).view(torch.uint8))
-                at += size
+                region[at: at + m.nbytes].copy_(src.reshape(-1).view(torch.uint8))
+                at += m.nbytes
         offset, i = offset + nbytes, j
 
 
