@@ -64,7 +64,8 @@ def bench_codec(device: str = "auto", bucket_mb: float = 32.0, fractions: tuple[
 
 
 def _one_fraction(old: torch.Tensor, f: float, gen, tensors: int, reps: int, copy_s: float) -> tuple[dict, bool]:
-    """Encode a bucket with a fraction `f` of its words changed against `old`, then decode it into `old`."""
+    """Encode a bucket with a fraction `f` of its words changed against `old`, then decode it into a copy of
+    `old` split into `tensors` destinations (as an engine's parameters are)."""
     n, dev = old.numel(), old.device.type
     new = old.clone()
     hit = torch.rand(n, generator=gen, device=old.device) < f

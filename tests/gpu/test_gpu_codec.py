@@ -83,7 +83,8 @@ def test_delta_state_on_cuda_keeps_its_copy_and_payload_on_the_device():
 
 
 def test_pack_on_cuda_equals_the_cpu_pack_byte_for_byte():
-    """One run per dtype through torch.cat on the device, fp32 cast to bf16, transposed sources in C order."""
+    """One run per dtype on the device (torch.cat, or one multi-tensor copy where fp32 is cast to bf16),
+    transposed sources in C order."""
     g = torch.Generator().manual_seed(1)
     named = {"a.weight": torch.randn(3, 5, generator=g), "b.weight": torch.randn(7, 4, generator=g).t(),
              "c.weight": torch.randn(6, generator=g), "d.weight": torch.randn(300, 17, generator=g)}
