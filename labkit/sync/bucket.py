@@ -1,9 +1,10 @@
 """Packing a planned bucket into one flat uint8 buffer, in SGLang's FlattenedTensorBucket layout.
 
 Layout: tensors back to back as raw bytes (`t.flatten().view(uint8)`), metadata (name, shape, dtype, start,
-end, numel in bytes) beside it. labkit packs into preallocated, reused buffers (`torch.cat(..., out=)`, never a
-fresh `torch.cat`) so a sync allocates nothing per bucket; on CPU the buffers live in shared memory (a handle
-crosses processes, not the bytes), on GPU in device memory (CUDA IPC handles).
+end, numel in bytes) beside it. labkit packs into preallocated, reused buffers (`torch.cat(..., out=)`, or a
+multi-tensor copy into views where it casts; never a fresh tensor) so a sync allocates nothing per bucket; on
+CPU the buffers live in shared memory (a handle crosses processes, not the bytes), on GPU in device memory (CUDA
+IPC handles).
 """
 
 from __future__ import annotations

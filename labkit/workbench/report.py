@@ -209,13 +209,12 @@ def _runs(data_dir: Path, pattern: str) -> tuple[list[tuple[str, dict]], dict]:
 
 def render(name: str, data_dir: Path) -> str:
     file, fn = TABLES[name]
-    if name in MULTI:  # several runs of one bench, one block of rows each
-        runs = [(p.name, json.loads(p.read_text())) for p in sorted(data_dir.glob(file))]
-        made = "; ".join(f"`data/{f}` by `{r.get('command', '?')}`" for f, r in runs)
-        return "\n".join([*fn(runs), "", f"(from {made}; regenerate with `labkit report`)"])
-    if "*" in file:  # several runs, each with its own command, beside the default MTP run they pair with
+    if "*" in file:  # several runs, each with its own command
         runs, base = _runs(data_dir, file)
         made = "; ".join(f"`data/{f}` by `{r.get('command', '?')}`" for f, r in runs)
+        if name in MULTI:  # one bench's runs, a block of rows each
+            return "\n".join([*fn(runs), "", f"(from {made}; regenerate with `labkit report`)"])
+        # beside the default MTP run they pair with
         return "\n".join([*fn({"runs": runs, "baseline": base}), "", f"(from {made}; frozen from "
                           f"`data/mtp_experiment_cpu.json`; regenerate with `labkit report`)"])
     run = json.loads((data_dir / file).read_text())
