@@ -91,6 +91,11 @@ class EngineHandle(LoaderQueries):
             self._device = self._b.device()
         return self._device
 
+    @property
+    def call_timeout_s(self) -> float:
+        """The bound on each call through this handle (waits labkit makes on the engine's behalf use it too)."""
+        return float(getattr(self._b, "timeout_s", 0.0) or 120.0)
+
     def portable(self, call_timeout_s: float | None = None) -> EngineHandle:
         """A picklable handle to the same engine for another process (e.g. a trainer actor); it owns
         nothing, so its shutdown() leaves the engine running. call_timeout_s bounds each of its calls."""

@@ -66,6 +66,10 @@ class EngineGroup:
     def device(self) -> str:
         return self.members[0].device
 
+    @property
+    def call_timeout_s(self) -> float:
+        return min(m.call_timeout_s for m in self.members)
+
     def init_weights_update_group(self, master_address, master_port, rank_offset, world_size, group_name, backend):
         offsets = [rank_offset + sum(m.tp_size for m in self.members[:i]) for i in range(len(self.members))]
         return self._all("init_weights_update_group", master_address=master_address, master_port=master_port,

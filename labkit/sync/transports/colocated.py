@@ -11,6 +11,7 @@ from labkit.engine import stagefile
 from labkit.engine.config import APPLY_FORMAT
 from labkit.sync import bucket as bk
 from labkit.sync.plan import Bucket
+from labkit.sync.transports.ring import Ring
 
 
 class Colocated:
@@ -20,7 +21,9 @@ class Colocated:
     Flow:
     1. open: ask the engine its TP size and whether it accepts labkit's loader (`labkit.engine.apply`, listed
        at launch by labkit's engines; CPU buffers only);
-    2. send, per bucket: serialize a handle to the flat buffer ->
+    2. send, per bucket: with labkit's loader at TP=1 and no delta, name the bucket to the engine over the sync's
+       ring (labkit.sync.transports.ring: one engine call open for the whole sync, started with the first
+       bucket; the buffers travel once), else serialize a handle to the flat buffer ->
        - labkit's loader: `[(layout_key, flat)]`, load_format=APPLY_FORMAT: the engine keeps the buffer mapped
          for the rest of the sync and copies each tensor into its parameter slice by a plan compiled once;
        - otherwise SGLang's `flattened_bucket` (`FlattenedTensorMetadata` list): the engine maps the segment
@@ -45,6 +48,8 @@ class Colocated:
     def __init__(self, delta=None):
         self.delta = delta
         self.files = None  # the atomic guard's staging writer, when the syncer packs buckets into it
+        self.pool = None  # the syncer's two shared buffers (labkit.sync.bucket.BufferPool), set before open
+        self.ring: Ring | None = None
 
     @property
     def packs_into_stage(self) -> bool:
@@ -63,6 +68,9 @@ class Colocated:
         self.fmt = APPLY_FORMAT if not torch.cuda.is_available() and engine.accepts(APPLY_FORMAT) \
             else "flattened_bucket"
         self.apply_path = "load_weights"
+        self.ring, self.buckets = None, len(plan.buckets)
+        self.rings = self.fmt == APPLY_FORMAT and self.delta is None and self.engine_tp == 1 \
+            and not any(b.oversize for b in plan.buckets) and self.pool is not None
         if self.delta is not None and self.fmt != APPLY_FORMAT:
             raise ValueError("delta sync needs labkit's engine-side loader (labkit.engine.apply, a CPU engine "
                              f"launched by labkit); this engine takes {self.fmt!r}: sync with SyncConfig.delta=0")
@@ -75,6 +83,9 @@ class Colocated:
             encode, t0 = time.perf_counter() - t0, time.perf_counter()
         fp.hit("transport.send", flat=flat)
         at = self.files.locate(flat) if self.files is not None else None
+        if self.rings:
+            return self._send_ring(engine, stagefile.key(*at, key) if at is not None else key,
+                                   None if at is not None else flat, t0)
         if at is not None:  # the bucket lies in the staging file: name the file, not a handle to a segment
             payload = self.serializer.serialize([(stagefile.key(*at, key), torch.zeros(1, dtype=torch.uint8))],
                                                 output_str=True)
@@ -88,7 +99,21 @@ class Colocated:
         engine.update_weights_from_tensor([payload] * self.engine_tp, load_format=self.fmt, flush_cache=False)
         return {"encode": encode, "transfer": t1 - t0, "load": time.perf_counter() - t1}
 
+    def _send_ring(self, engine, name: str, flat: torch.Tensor | None, t0: float) -> dict:
+        if self.ring is None:  # the sync's one call, with the buffers the buckets are packed into
+            slots = [] if self.files is not None else list(self.pool.buffers)
+            self.ring = Ring(engine, self.serializer, slots, self.buckets, engine.call_timeout_s)
+        t1 = time.perf_counter()
+        sent = self.ring.send(name, flat)
+        if self.ring.acked == self.buckets:  # the last bucket: the call's answer is part of applying it
+            ring, self.ring = self.ring, None
+            ring.finish()
+        return {"encode": 0.0, "transfer": t1 - t0 + sent, "load": time.perf_counter() - t1 - sent}
+
     def close(self, engine) -> None:
+        if self.ring is not None:  # a sync that failed before its last bucket: end the call, never raising
+            ring, self.ring = self.ring, None
+            ring.abort()
         if self.fmt == APPLY_FORMAT:
             self.apply_path = engine.apply_path()
 

@@ -1,0 +1,129 @@
+"""The trainer side of a colocated sync in one engine call (labkit.engine.ring says why)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import tempfile
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from labkit.engine import ring
+from labkit.engine.config import APPLY_FORMAT
+from labkit.engine.errors import EngineError, EngineUnreachable
+
+ACCEPT_POLL_S = 0.05  # how often the wait for the engine's connection looks at the call (did it fail first?)
+ABORT_WAIT_S = 10.0  # after giving up, how long the call may take to fail (it sees the socket close at once)
+
+
+class Ring:
+    """One open `update_weights_from_tensor` for the whole sync, fed bucket by bucket over a Unix socket.
+
+    Flow:
+    1. start: listen on `labkit_ring_*/ring.sock` (a fresh private directory), send the call (on its own
+       thread: it returns when the sync's last bucket is applied) with the socket's path, the bucket count and
+       the two shared buffers as handles, wait for the engine to connect;
+    2. send, per bucket: (slot of the buffer it was packed into, or -1 for the staging file; its payload name),
+       then wait for the engine's byte that says it is applied (the buffer is free again);
+    3. finish: take the call's answer. Or abort, after a failure: close the socket (the engine fails its call
+       at once), give the call a few seconds to answer, never raising.
+    A wait past `timeout_s` raises EngineUnreachable, as a per-bucket call past its timeout does; a closed
+    stream raises the engine's own error when its call carried one.
+    """
+
+    def __init__(self, engine, serializer, slots: list[torch.Tensor], buckets: int, timeout_s: float):
+        self.timeout_s, self.buckets, self.acked = timeout_s, buckets, 0
+        self.slots = {s.data_ptr(): i for i, s in enumerate(slots)}
+        self.dir = Path(tempfile.mkdtemp(prefix="labkit_ring_"))  # 0700: only this user connects
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.conn: socket.socket | None = None
+        self.call: Future | None = None
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix="labkit-ring")
+        try:
+            path = str(self.dir / ring.SOCKET)
+            self.listener.bind(path)
+            self.listener.listen(1)
+            named = [(ring.key(path, buckets, timeout_s), torch.zeros(1, dtype=torch.uint8))]
+            payload = serializer.serialize(named + [(ring.SLOT, s) for s in slots], output_str=True)
+            self.call = self.thread.submit(engine.update_weights_from_tensor, [payload],
+                                                   load_format=APPLY_FORMAT, flush_cache=False)
+            self.conn = self._accept()
+        except BaseException:
+            self.abort()
+            raise
+
+    def _accept(self) -> socket.socket:
+        self.listener.settimeout(ACCEPT_POLL_S)
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+                conn.settimeout(self.timeout_s)
+                return conn
+            except socket.timeout:
+                if self.call.done():
+                    self.call.result()  # the engine's own error, if it refused the call
+                    raise EngineError("labkit ring: the engine answered the sync's call without connecting")
+                if time.monotonic() > deadline:
+                    raise EngineUnreachable(f"labkit ring: the engine did not connect within {self.timeout_s:.0f} s")
+
+    def send(self, name: str, flat: torch.Tensor | None) -> float:
+        """Name one bucket to the engine (`flat` one of the slots, or None: it lies in the staging file) and
+        wait until it is applied. Returns the seconds spent sending."""
+        slot = -1 if flat is None else self.slots.get(flat.data_ptr())
+        if slot is None:
+            raise ValueError("labkit ring: a bucket outside the buffers the engine was given (an oversize bucket "
+                             "travels through its own call)")
+        t0 = time.perf_counter()
+        try:
+            ring.send_bucket(self.conn, slot, name)
+            sent = time.perf_counter() - t0
+            got = self.conn.recv(1)
+        except socket.timeout:
+            raise EngineUnreachable(f"labkit ring: bucket {self.acked} was not applied within "
+                                    f"{self.timeout_s:.0f} s") from None
+        except OSError as e:
+            got = b""
+            err = e
+        else:
+            err = None
+        if got != ring.ACK:
+            self._raise_engine_error(err)
+        self.acked += 1
+        return sent
+
+    def _raise_engine_error(self, err: BaseException | None) -> None:
+        try:
+            self.call.result(timeout=ABORT_WAIT_S)  # the engine closed the stream: its call says why
+        except TimeoutError:
+            pass
+        except EngineError:
+            raise
+        raise EngineError(f"labkit ring: the engine stopped after {self.acked} of {self.buckets} buckets"
+                          + (f" ({err})" if err else ""))
+
+    def finish(self) -> None:
+        try:
+            self.call.result(timeout=self.timeout_s)
+        finally:
+            self._close()
+
+    def abort(self) -> None:
+        if self.conn is not None:
+            self.conn.close()  # the engine's next read ends: it fails the call instead of waiting it out
+        try:
+            if self.call is not None:
+                self.call.result(timeout=ABORT_WAIT_S)
+        except Exception:
+            pass
+        self._close()
+
+    def _close(self) -> None:
+        for s in (self.conn, self.listener):
+            if s is not None:
+                s.close()
+        self.thread.shutdown(wait=False)
+        shutil.rmtree(self.dir, ignore_errors=True)
