@@ -104,11 +104,10 @@ def load_flat(model, named_tensors) -> None:
     """SGLang's custom-loader entry point: `named_tensors` is `[(layout_key, flat uint8 buffer)]`."""
     _memo_derived_weight_check()
     if named_tensors and isinstance(named_tensors[0][0], str) and named_tensors[0][0].startswith(ring.PREFIX):
-        # The whole sync in this one call. The trainer's buffers are kept like any received bucket (`_held`):
-        # dropped here, a buffer whose trainer was killed would take the engine down with it (`_release`).
-        slots = [_held(t) for name, t in named_tensors[1:] if name == ring.SLOT]
-        ring.serve(named_tensors[0][0], slots, lambda key, flat: load_flat(model, [(key, flat)]))
-        return
+        from sglang.srt.utils import MultiprocessingSerializer  # SGLang is crossed here only (its own unpickler)
+
+        ring.serve(named_tensors[0][0], lambda data: load_flat(model, MultiprocessingSerializer.deserialize(data)))
+        return  # the whole sync, in this one call
     for key, flat in named_tensors:
         if isinstance(key, str) and key.startswith(direct.DONE_PREFIX):  # the trainer wrote the parameters itself
             _after_apply(model, direct.written(key))

@@ -209,8 +209,6 @@ class Syncer:
         cfg, plan = s.cfg, s.plan
         s.worker = ThreadPoolExecutor(1, thread_name_prefix="labkit-sync")
         fp.hit("sync.begin")
-        if hasattr(s.transport, "pool"):  # the transport names the buffers once (labkit.sync.transports.ring)
-            s.transport.pool = self.pool
         s.timed("setup", s.transport.open, engine, plan)
         if getattr(s.transport, "packs_into_stage", False) and s.device == "cpu":  # pack into the rollback copy:
             s.stage = s.transport.files = hk.stage_writer(hooks)  # the buckets are sent from there

@@ -21,15 +21,15 @@ class Colocated:
     Flow:
     1. open: ask the engine its TP size and whether it accepts labkit's loader (`labkit.engine.apply`, listed
        at launch by labkit's engines; CPU buffers only);
-    2. send, per bucket: with labkit's loader at TP=1 and no delta, name the bucket to the engine over the sync's
-       ring (labkit.sync.transports.ring: one engine call open for the whole sync, started with the first
-       bucket; the buffers travel once), else serialize a handle to the flat buffer ->
+    2. send, per bucket: serialize a handle to the flat buffer ->
        - labkit's loader: `[(layout_key, flat)]`, load_format=APPLY_FORMAT: the engine keeps the buffer mapped
          for the rest of the sync and copies each tensor into its parameter slice by a plan compiled once;
        - otherwise SGLang's `flattened_bucket` (`FlattenedTensorMetadata` list): the engine maps the segment
          afresh and runs `model.load_weights` over the views;
        `engine.update_weights_from_tensor([payload] * tp, ..., flush_cache=False)`: each engine TP rank opens the
-       same handle; the call returns once every rank loaded it;
+       same handle; the call returns once every rank loaded it. With labkit's loader at TP=1 the payloads go
+       over the sync's ring instead (labkit.sync.transports.ring): one engine call, opened by the first bucket
+       and open for the whole sync, each payload sent over a local socket, no call per bucket;
     3. close: read which path applied the tensors (`apply_path`); the engine lets go of the buffers (they are
        the syncer's, reused next sync).
     Under the atomic guard (labkit's loader, no delta) the syncer packs each bucket straight into the guard's
@@ -48,7 +48,6 @@ class Colocated:
     def __init__(self, delta=None):
         self.delta = delta
         self.files = None  # the atomic guard's staging writer, when the syncer packs buckets into it
-        self.pool = None  # the syncer's two shared buffers (labkit.sync.bucket.BufferPool), set before open
         self.ring: Ring | None = None
 
     @property
@@ -69,8 +68,7 @@ class Colocated:
             else "flattened_bucket"
         self.apply_path = "load_weights"
         self.ring, self.buckets = None, len(plan.buckets)
-        self.rings = self.fmt == APPLY_FORMAT and self.delta is None and self.engine_tp == 1 \
-            and not any(b.oversize for b in plan.buckets) and self.pool is not None
+        self.rings = self.fmt == APPLY_FORMAT and self.engine_tp == 1
         if self.delta is not None and self.fmt != APPLY_FORMAT:
             raise ValueError("delta sync needs labkit's engine-side loader (labkit.engine.apply, a CPU engine "
                              f"launched by labkit); this engine takes {self.fmt!r}: sync with SyncConfig.delta=0")
@@ -83,32 +81,29 @@ class Colocated:
             encode, t0 = time.perf_counter() - t0, time.perf_counter()
         fp.hit("transport.send", flat=flat)
         at = self.files.locate(flat) if self.files is not None else None
-        if self.rings:
-            return self._send_ring(engine, stagefile.key(*at, key) if at is not None else key,
-                                   None if at is not None else flat, t0)
         if at is not None:  # the bucket lies in the staging file: name the file, not a handle to a segment
-            payload = self.serializer.serialize([(stagefile.key(*at, key), torch.zeros(1, dtype=torch.uint8))],
-                                                output_str=True)
+            named = [(stagefile.key(*at, key), torch.zeros(1, dtype=torch.uint8))]
         elif self.fmt == APPLY_FORMAT:
-            payload = self.serializer.serialize([(key, flat)], output_str=True)
+            named = [(key, flat)]
         else:
-            payload = self.serializer.serialize({"flattened_tensor": flat, "metadata": bk.metadata(b)},
-                                                output_str=True)
+            named = {"flattened_tensor": flat, "metadata": bk.metadata(b)}
+        if self.rings:
+            return self._send_ring(engine, self.serializer.serialize(named), encode, t0)
+        payload = self.serializer.serialize(named, output_str=True)
         t1 = time.perf_counter()
         # One payload per engine TP rank: each rank opens the same handle and reads its own shard.
         engine.update_weights_from_tensor([payload] * self.engine_tp, load_format=self.fmt, flush_cache=False)
         return {"encode": encode, "transfer": t1 - t0, "load": time.perf_counter() - t1}
 
-    def _send_ring(self, engine, name: str, flat: torch.Tensor | None, t0: float) -> dict:
-        if self.ring is None:  # the sync's one call, with the buffers the buckets are packed into
-            slots = [] if self.files is not None else list(self.pool.buffers)
-            self.ring = Ring(engine, self.serializer, slots, self.buckets, engine.call_timeout_s)
+    def _send_ring(self, engine, payload: bytes, encode: float, t0: float) -> dict:
+        if self.ring is None:  # the first bucket opens the sync's one call
+            self.ring = Ring(engine, self.serializer, self.buckets, engine.call_timeout_s)
         t1 = time.perf_counter()
-        sent = self.ring.send(name, flat)
+        sent = self.ring.send(payload)
         if self.ring.acked == self.buckets:  # the last bucket: the call's answer is part of applying it
             ring, self.ring = self.ring, None
             ring.finish()
-        return {"encode": 0.0, "transfer": t1 - t0 + sent, "load": time.perf_counter() - t1 - sent}
+        return {"encode": encode, "transfer": t1 - t0 + sent, "load": time.perf_counter() - t1 - sent}
 
     def close(self, engine) -> None:
         if self.ring is not None:  # a sync that failed before its last bucket: end the call, never raising

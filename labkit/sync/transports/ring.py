@@ -24,19 +24,18 @@ class Ring:
 
     Flow:
     1. start: listen on `labkit_ring_*/ring.sock` (a fresh private directory), send the call (on its own
-       thread: it returns when the sync's last bucket is applied) with the socket's path, the bucket count and
-       the two shared buffers as handles, wait for the engine to connect;
-    2. send, per bucket: (slot of the buffer it was packed into, or -1 for the staging file; its payload name),
-       then wait for the engine's byte that says it is applied (the buffer is free again);
+       thread: it returns when the sync's last bucket is applied) naming the socket and the bucket count, wait
+       for the engine to connect;
+    2. send, per bucket: the payload its own call would have carried (serialized bytes), then wait for the
+       engine's byte that says it is applied (the bucket's buffer is free again);
     3. finish: take the call's answer. Or abort, after a failure: close the socket (the engine fails its call
        at once), give the call a few seconds to answer, never raising.
     A wait past `timeout_s` raises EngineUnreachable, as a per-bucket call past its timeout does; a closed
     stream raises the engine's own error when its call carried one.
     """
 
-    def __init__(self, engine, serializer, slots: list[torch.Tensor], buckets: int, timeout_s: float):
+    def __init__(self, engine, serializer, buckets: int, timeout_s: float):
         self.timeout_s, self.buckets, self.acked = timeout_s, buckets, 0
-        self.slots = {s.data_ptr(): i for i, s in enumerate(slots)}
         self.dir = Path(tempfile.mkdtemp(prefix="labkit_ring_"))  # 0700: only this user connects
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.conn: socket.socket | None = None
@@ -47,9 +46,9 @@ class Ring:
             self.listener.bind(path)
             self.listener.listen(1)
             named = [(ring.key(path, buckets, timeout_s), torch.zeros(1, dtype=torch.uint8))]
-            payload = serializer.serialize(named + [(ring.SLOT, s) for s in slots], output_str=True)
-            self.call = self.thread.submit(engine.update_weights_from_tensor, [payload],
-                                                   load_format=APPLY_FORMAT, flush_cache=False)
+            self.call = self.thread.submit(engine.update_weights_from_tensor,
+                                           [serializer.serialize(named, output_str=True)],
+                                           load_format=APPLY_FORMAT, flush_cache=False)
             self.conn = self._accept()
         except BaseException:
             self.abort()
@@ -70,26 +69,20 @@ class Ring:
                 if time.monotonic() > deadline:
                     raise EngineUnreachable(f"labkit ring: the engine did not connect within {self.timeout_s:.0f} s")
 
-    def send(self, name: str, flat: torch.Tensor | None) -> float:
-        """Name one bucket to the engine (`flat` one of the slots, or None: it lies in the staging file) and
-        wait until it is applied. Returns the seconds spent sending."""
-        slot = -1 if flat is None else self.slots.get(flat.data_ptr())
-        if slot is None:
-            raise ValueError("labkit ring: a bucket outside the buffers the engine was given (an oversize bucket "
-                             "travels through its own call)")
+    def send(self, payload: bytes) -> float:
+        """Send one bucket's serialized payload and wait until the engine applied it. Returns the seconds spent
+        sending; the rest of the wait is the engine's apply."""
         t0 = time.perf_counter()
+        err = None
         try:
-            ring.send_bucket(self.conn, slot, name)
+            ring.send_bucket(self.conn, payload)
             sent = time.perf_counter() - t0
             got = self.conn.recv(1)
         except socket.timeout:
             raise EngineUnreachable(f"labkit ring: bucket {self.acked} was not applied within "
                                     f"{self.timeout_s:.0f} s") from None
         except OSError as e:
-            got = b""
-            err = e
-        else:
-            err = None
+            got, err = b"", e
         if got != ring.ACK:
             self._raise_engine_error(err)
         self.acked += 1
