@@ -106,6 +106,12 @@ def load_flat(model, named_tensors) -> None:
     if named_tensors and isinstance(named_tensors[0][0], str) and named_tensors[0][0].startswith(ring.PREFIX):
         from sglang.srt.utils import MultiprocessingSerializer  # SGLang is crossed here only (its own unpickler)
 
+        # The call's placeholder is the trainer's shared segment: dropped once the call returns after a killed
+        # trainer, it would take the engine down (`_release`). It is let go at the next ring sync instead (no
+        # local name may hold it: this frame outlives a trainer killed mid-sync).
+        while _placeholders:
+            _release(_placeholders.pop())
+        _placeholders.append(named_tensors[0][1])
         ring.serve(named_tensors[0][0], lambda data: load_flat(model, MultiprocessingSerializer.deserialize(data)))
         return  # the whole sync, in this one call
     for key, flat in named_tensors:
@@ -289,6 +295,7 @@ def _release(flat: torch.Tensor) -> None:
 
 
 _orphans: list[torch.Tensor] = []
+_placeholders: list[torch.Tensor] = []  # the last ring call's placeholder tensor (`load_flat`)
 
 
 def _tp_size() -> int:

@@ -160,6 +160,8 @@ def test_trainer_killed_mid_sync(engine, trainer_box):
                                               kill="trainer")
     assert seen == {"reached": True, "served_mid_sync": False}
     assert err.metrics["sync/trainer_alive"] is False and "start a new one" in str(err)
+    # killed mid-way through the sync's one engine call (labkit.engine.ring): the engine stays up, restored in place
+    assert err.metrics["sync/engine_restarted"] is False, err.metrics
     _assert_restored(err, engine, before, v_before)
     print(f"trainer killed: restored in {err.metrics['timing/sync/restore']:.2f} s ({time.monotonic() - t0:.1f} s)")
     _new_trainer(trainer_box)
