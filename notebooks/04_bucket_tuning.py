@@ -9,11 +9,11 @@
 # %% [markdown]
 # # 04 · Bucket size: sweep and autotune
 #
-# Small buckets pay a per-call cost (one engine call each); large ones lose the pack/load overlap and cost memory
-# (two buckets are in flight, so the budget admits buckets up to half of it). On a GPU the two meet in a U. On
-# the CPU default the per-call cost dominates as far as we measured (256 MiB buckets of the 303 MB `bench` model,
-# `data/notebook04_bench_cpu.json`): the curve falls until the memory budget stops it, so the budget sets the
-# optimum. We sweep log-spaced sizes under the budget with real syncs, let the autotuner (a discrete
+# Small buckets pay a per-bucket cost (on a GPU one engine call each); large ones lose the pack/load overlap and
+# cost memory (two buckets are in flight, so the budget admits buckets up to half of it). On a GPU the two meet
+# in a U. On the CPU default a colocated sync is one engine call (`labkit.engine.ring`), so the curve falls only
+# while tensors larger than a bucket travel alone, then stays flat within noise (16 to 256 MiB buckets of the
+# 303 MB `bench` model, `data/notebook04_bench_cpu.json`): there any size under the budget will do. We sweep log-spaced sizes under the budget with real syncs, let the autotuner (a discrete
 # golden-section search) pick one in a few trials, then sync once more at the chosen size and verify it.
 #
 # The tuned quantity is the **weight-moving time** (`timing/sync/weight_moving`): a sync's wall time minus

@@ -125,7 +125,8 @@ def test_overheads_fitted_from_the_stored_cpu_runs():
     run = json.loads((DATA / "bench_sync_cpu.json").read_text())
     copy_s = run["bench/model_bytes"] / (run["bench/memcpy_gbps"] * 1e9)
     assert over.per_call_s == pytest.approx((run["bench/per_tensor_seconds"] - copy_s) / run["bench/num_tensors"])
-    assert 0.005 < over.per_bucket_s < 0.02 and 0 < over.per_tensor_s < 0.001
+    # per bucket: ~11 ms when each bucket was its own engine call, ~2 ms since a sync is one (labkit.engine.ring)
+    assert 0.0005 < over.per_bucket_s < 0.02 and 0 < over.per_tensor_s < 0.001
     assert "CPU-measured" in over.measured_on and "notebook 04" in over.derivation
 
 
