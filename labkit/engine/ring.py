@@ -8,7 +8,7 @@ cannot be in flight to hide it. Here the first call stays open for the whole syn
 pipelined update does over ZMQ): the trainer sends each bucket's payload over a Unix socket once the bucket is
 packed, the scheduler applies it by the same copy plan (labkit.engine.apply) and answers one byte, and the
 trainer reuses that bucket's buffer. The bench model's colocated weight-moving time went from 0.151 s to
-0.106 s (`data/bench_sync_cpu.json` before and after).
+0.119 s (`data/bench_sync_cpu.json` before and after).
 
 Each message is what one bucket's own call would have carried (`[(payload name, tensor)]` through SGLang's
 serializer: a handle to the shared buffer, which the engine resolves to the mapping it keeps, or a staging-file

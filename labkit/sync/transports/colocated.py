@@ -96,7 +96,7 @@ class Colocated:
         return {"encode": encode, "transfer": t1 - t0, "load": time.perf_counter() - t1}
 
     def _send_ring(self, engine, payload: bytes, encode: float, t0: float) -> dict:
-        if self.ring is None:  # the first bucket opens the sync's one call
+        if self.ring is None:  # the first bucket opens the sync's one call (charged to its `transfer`)
             self.ring = Ring(engine, self.serializer, self.buckets, engine.call_timeout_s)
         t1 = time.perf_counter()
         sent = self.ring.send(payload)

@@ -16,7 +16,7 @@ from labkit.engine.config import APPLY_FORMAT
 from labkit.engine.errors import EngineError, EngineUnreachable
 
 ACCEPT_POLL_S = 0.05  # how often the wait for the engine's connection looks at the call (did it fail first?)
-ABORT_WAIT_S = 10.0  # after giving up, how long the call may take to fail (it sees the socket close at once)
+ABORT_WAIT_S = 10.0  # after giving up, how long the call may take to end (it sees the socket close at once)
 
 
 class Ring:
@@ -28,8 +28,8 @@ class Ring:
        for the engine to connect;
     2. send, per bucket: the payload its own call would have carried (serialized bytes), then wait for the
        engine's byte that says it is applied (the bucket's buffer is free again);
-    3. finish: take the call's answer. Or abort, after a failure: close the socket (the engine fails its call
-       at once), give the call a few seconds to answer, never raising.
+    3. finish: take the call's answer. Or abort, after a failure: close the socket (the engine ends its call at
+       once, without an error: labkit.engine.ring says why), give the call a few seconds to answer, never raising.
     A wait past `timeout_s` raises EngineUnreachable, as a per-bucket call past its timeout does; a closed
     stream raises the engine's own error when its call carried one.
     """
