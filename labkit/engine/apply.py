@@ -107,8 +107,8 @@ def load_flat(model, named_tensors) -> None:
         from sglang.srt.utils import MultiprocessingSerializer  # SGLang is crossed here only (its own unpickler)
 
         # The call's placeholder is the trainer's shared segment: dropped once the call returns after a killed
-        # trainer, it would take the engine down (`_release`). It is let go at the next ring sync instead (no
-        # local name may hold it: this frame outlives a trainer killed mid-sync).
+        # trainer, it would take the engine down (`_release`). It is let go when the trainer closes the sync
+        # (`end_sync`) or at the next ring sync (no local name may hold it: this frame outlives a killed trainer).
         while _placeholders:
             _release(_placeholders.pop())
         _placeholders.append(named_tensors[0][1])
@@ -180,6 +180,8 @@ def end_sync() -> list[int]:
     get_weights_by_name(STATS_NAME), the one reply channel into a scheduler SGLang offers."""
     for ptr in [p for p in _mapped if p not in _used]:  # a buffer this sync did not use: the trainer replaced it
         _release(_mapped.pop(ptr)[0])
+    while _placeholders:  # the ring call's placeholder: its trainer is alive (it asks), so it can go now
+        _release(_placeholders.pop())
     _used.clear()
     out = [_stats["copy_plan"], _stats["load_weights"]]
     _stats.update(copy_plan=0, load_weights=0)
