@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 import torch
 
 from labkit import failpoints as fp
-from labkit.engine import delta, direct, ring, stagefile
+from labkit.engine import checkmemo, delta, direct, ring, stagefile
 from labkit.engine.config import APPLY_FORMAT
 
 FORMAT = APPLY_FORMAT  # the import path SGLang resolves: this module's `load_flat` (unit-tested)
@@ -117,6 +117,7 @@ def load_flat(model, named_tensors) -> None:
     for key, flat in named_tensors:
         if isinstance(key, str) and key.startswith(direct.DONE_PREFIX):  # the trainer wrote the parameters itself
             _after_apply(model, direct.written(key))
+            checkmemo.MEMO.release()  # its writes are done: checksums may be remembered again
             continue
         if isinstance(key, str) and key.startswith(DELTA_PREFIX):
             _apply_delta(model, key, flat)

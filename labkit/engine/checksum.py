@@ -5,7 +5,9 @@ Why not SGLang's CPU hash: its weight checker hashes a CPU tensor with sha256 (`
 on one core of the 2-core box), a device tensor with its own non-cryptographic kernel. A guarded, verified sync
 hashes the whole model three times (the trainer's expectation, the engine after the sync, the engine before it
 for the guard): on the 0.32 GB bench model that was ~0.75 s of a 0.98 s end-to-end sync, against 0.19 s of
-moving the weights. xxh3-64 (the `xxhash` package SGLang itself depends on) reads ~11 GB/s. Like SGLang's device
+moving the weights (the guard's hash is now answered from the engine's memo where nothing wrote in
+between: labkit.engine.checkmemo). xxh3-64 (the `xxhash` package SGLang itself depends on) reads ~11 GB/s.
+Like SGLang's device
 hash it guards against accidents (a wrong offset, a stale slice, a bucket that never landed), not an adversary:
 trainer and engine are one trust domain. Both values are 64 bits (sha256's first 8 bytes), so the chance that a
 changed tensor keeps its checksum is 2^-64 either way.
@@ -28,7 +30,8 @@ Algo = Literal["xxh3_64", "sha256"]
 ALGOS: tuple[str, ...] = ("xxh3_64", "sha256")
 DEFAULT: Algo = "xxh3_64"  # what labkit's engines run; "sha256" is SGLang's own CPU checker
 PREFIX = "xxh3:"
-# get_weights_by_name(CHECKSUM_NAME) -> [[1]] when the engine's checker hashes CPU tensors with xxh3 (labkit's models)
+# get_weights_by_name(CHECKSUM_NAME) -> [[1, memo hits, memo on]] when the engine's checker hashes CPU tensors with
+# xxh3 (labkit's models; the memo: labkit.engine.checkmemo)
 CHECKSUM_NAME = "labkit.apply/checksum"
 
 

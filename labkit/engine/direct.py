@@ -28,6 +28,8 @@ from __future__ import annotations
 import json
 import logging
 
+from labkit.engine import checkmemo
+
 logger = logging.getLogger(__name__)
 
 SHARE_PREFIX = "labkit.direct/share:"  # get_weights_by_name(SHARE_PREFIX + path of a JSON list of HF names)
@@ -72,6 +74,7 @@ _answers: dict[tuple, tuple[list, list]] = {}
 def answer(model, key: str, tp_size: int = 1) -> list[list[int]]:
     """`get_weights_by_name(SHARE_PREFIX + path)`: share what the request file names, write `<path>.out`."""
     path = key[len(SHARE_PREFIX):]
+    checkmemo.MEMO.hold("transport='direct' shared the parameters: the trainer writes them until it closes the sync")
     with open(path) as f:
         names = json.load(f)
     entries = share(model, names, tp_size)

@@ -52,6 +52,15 @@ class LoaderQueries:
             self._checksum = "xxh3_64" if rows and rows[0] and int(rows[0][0]) == 1 else "sha256"
         return self._checksum
 
+    def checksum_memo(self) -> dict:
+        """The engine's checksum memo (labkit.engine.checkmemo): {"on": answering from it at all, "hits": checksum
+        requests answered from it so far}; off on an engine without labkit's model classes."""
+        from labkit.engine.checksum import CHECKSUM_NAME
+
+        rows = self._b.get_weights_by_name(CHECKSUM_NAME, 1)
+        row = [int(v) for v in rows[0]] if rows and rows[0] else []
+        return {"on": len(row) > 2 and row[2] == 1, "hits": row[1] if len(row) > 1 else 0}
+
     def share_params(self, names: list[str]) -> list[list] | None:
         """transport="direct": the engine moves the parameters holding `names` into shared memory (in place, once)
         and answers [name, shm file, storage bytes, byte offset, dtype, shape] for each it holds as one contiguous

@@ -17,11 +17,11 @@ Why this design (SGLang 0.5.23; the same on CPU and GPU):
   Files, not the trainer's heap: the copy survives a killed trainer.
 - The first sync has no copy yet: the engine's model dir is the last good version when its bytes hash to
   the engine's checksums (the usual case), else labkit reads the weights back from the engine once.
-- On any failure: kill a trainer that missed the deadline or was interrupted (Ctrl-C) mid-sync (fencing: a
-  late bucket from it could land inside the restore or the next session), restart an engine whose process died or stopped answering (from its model dir), close
-  the session, push the last good copy in one session, tag its weight_version, and compare the engine's
-  checksums with those taken before the sync. Only then continue generation. If that fails too, the engine
-  stays paused and SyncFailed says so: it never serves weights labkit cannot name.
+- On any failure: kill a trainer that missed the deadline or was interrupted (Ctrl-C) mid-sync (fencing: a late bucket
+  from it could land inside the restore or the next session), restart an engine whose process died or stopped
+  answering (from its model dir), close the session, push the last good copy in one session, tag its weight_version,
+  and compare the engine's checksums with those taken before the sync. Only then continue generation. If that fails
+  too, the engine stays paused and SyncFailed says so: it never serves weights labkit cannot name.
 
 Who does what: the sync layer owns the guard (one per engine handle, in this module's table, closed when the
 handle shuts down through its `on_shutdown` hook). The tensors come from a *producer*, any object with
@@ -108,7 +108,7 @@ class Guard:
         """
         t0 = time.perf_counter()
         engine, dtype = self.engine, spec.get("dtype", "float32")
-        try:
+        try:  # after a verified sync and generation only, the engine answers from its memo (labkit.engine.checkmemo)
             before, v_before = engine.checksums(), engine.weight_version
         except EngineUnreachable:  # died since the last sync: bring back what it served, then go on
             if self.store.good is None:

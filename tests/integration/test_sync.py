@@ -78,11 +78,19 @@ def test_verification_catches_a_tampered_engine(trainer, engine):
 
     named = dict(trainer.export())
     sync(trainer, engine, SyncConfig(transport="colocated", progress=False))
+    # After a verified sync the engine answers checksums from its memo (labkit.engine.checkmemo: the guard's
+    # before-hash of the next sync) while only read-only requests arrive; the tampering below must forget it.
+    memo = engine.checksum_memo()
+    engine.generate(input_ids=[[1, 2, 3]], sampling={"max_new_tokens": 2, "temperature": 0.0})
+    served = engine.checksums()
+    assert memo["on"] and engine.checksum_memo()["hits"] == memo["hits"] + 1
+    assert vf.compare(vf.expected_checksums(named), served)["sync/verified"] is True
     name = "model.layers.0.mlp.down_proj.weight"
     engine.begin_weight_update()
     engine.update_weights_from_tensor([(name, named[name] + 1.0)])
     engine.end_weight_update()
     actual = engine.checksums()
+    assert engine.checksum_memo()["hits"] == memo["hits"] + 1  # hashed afresh, not remembered
     result = vf.compare(vf.expected_checksums(named), actual)
     assert result["sync/verified"] is False and result["verify/mismatched"] == ["model.layers.0.mlp.down_proj.weight"]
     # labkit's model classes put xxh3 into SGLang's own checker (labkit.engine.checksum), and say so

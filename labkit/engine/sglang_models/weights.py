@@ -26,6 +26,7 @@ import torch
 
 from labkit import failpoints as fp
 from labkit.engine import apply
+from labkit.engine import checkmemo
 from labkit.engine import checksum as ck
 from labkit.engine import direct
 from labkit.engine.contract import fused_part
@@ -107,7 +108,7 @@ class LabkitWeights:
         if name == apply.STATS_NAME:
             return [apply.end_sync()]
         if name == ck.CHECKSUM_NAME:
-            return [[int(_checksum_installed)]]
+            return [[int(_checksum_installed), checkmemo.MEMO.hits, int(checkmemo.MEMO.on)]]
         if name.startswith(direct.SHARE_PREFIX):  # transport="direct": share the parameters in place
             return direct.answer(self, name, tp_size)
         try:
@@ -143,7 +144,45 @@ def install_checksum() -> bool:
 
     wc._hash_tensor = _hash_tensor
     _checksum_installed = True
+    _install_memo(wc.WeightChecker)
     return True
+
+
+def _install_memo(checker_cls) -> None:
+    """Answer a checksum request from labkit.engine.checkmemo while no request since could have written weights:
+    SGLang's checker consults the memo, the scheduler's dispatcher (built after the model, so patched here, in
+    the scheduler's process, on its class) tells it about every request. Without the dispatcher (a model built
+    outside a scheduler) the memo stays off."""
+    import sys
+
+    scheduler = sys.modules.get("sglang.srt.managers.scheduler")
+    if scheduler is None or not hasattr(scheduler.Scheduler, "init_request_dispatcher"):
+        return
+    compute, init_dispatcher = checker_cls._compute_checksum, scheduler.Scheduler.init_request_dispatcher
+
+    def _compute_checksum(self, skip_tensor_list=None, *, role):
+        reply = checkmemo.MEMO.lookup(role, skip_tensor_list)
+        if reply is None:
+            reply = compute(self, skip_tensor_list, role=role)
+            checkmemo.MEMO.store(role, skip_tensor_list, reply)
+        return reply
+
+    def init_request_dispatcher(self):
+        init_dispatcher(self)
+        inner = self._request_dispatcher
+
+        def dispatch(request):
+            checkmemo.MEMO.note(request)
+            return inner(request)
+
+        self._request_dispatcher = dispatch
+        if getattr(getattr(getattr(self, "tp_worker", None), "model_runner", None), "eplb_manager", None):
+            checkmemo.MEMO.disable("SGLang's expert rebalancer moves weights from inside the scheduler loop")
+        else:
+            checkmemo.MEMO.enable()
+
+    checker_cls._compute_checksum = _compute_checksum
+    scheduler.Scheduler.init_request_dispatcher = init_request_dispatcher
 
 
 _checksum_installed = False
