@@ -19,9 +19,10 @@ that are already faulted in (a fresh mapping faults at ~3 GB/s, about half a mem
 thus holds the trainer's two buffers; a SIGKILLed engine never gives its reference back (torch counts them in the
 file), so those files outlive both processes until `labkit.compat.sglang.cleanup_shm` finds nobody maps them (the
 driver runs it when a trainer or engine is gone). Each bucket layout is compiled once into a copy plan
-(the destination slice of each tensor, from the model's `param_view(hf_name)`, the view `get_weights_by_name`
-reads back), the source views into a kept buffer are built once, and a bucket then costs one
-`torch._foreach_copy_` (plus a check, by name, that no destination parameter was re-created since).
+(labkit.engine.copyplan: the destination slice of each tensor, from the model's `param_view(hf_name)`, the view
+`get_weights_by_name` reads back, and the tensors merged into a few strided copies), the source views into a
+kept buffer are built once, and a bucket then costs one `torch._foreach_copy_` of a few views (plus a check, by
+name, that no destination parameter was re-created since).
 
 Per call SGLang itself walks every module of the model first (a startup-constant check); labkit asks it once per
 model (`_memo_derived_weight_check`).
@@ -47,12 +48,11 @@ import json
 import os
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass, field
 
 import torch
 
 from labkit import failpoints as fp
-from labkit.engine import checkmemo, delta, direct, ring, stagefile
+from labkit.engine import checkmemo, copyplan, delta, direct, ring, stagefile
 from labkit.engine.config import APPLY_FORMAT
 
 FORMAT = APPLY_FORMAT  # the import path SGLang resolves: this module's `load_flat` (unit-tested)
@@ -85,16 +85,6 @@ def routes(weights) -> bool:
     return bool(weights) and isinstance(weights[0][0], str) and weights[0][0].startswith((PREFIX, DELTA_PREFIX))
 
 
-@dataclass
-class _Plan:
-    entries: list  # [name, dtype, shape, start, end] per tensor
-    dsts: list[torch.Tensor] = field(default_factory=list)  # parameter slices, for entries[direct[i]]
-    direct: list[int] = field(default_factory=list)
-    owners: list[tuple] = field(default_factory=list)  # (module, attribute, data_ptr at compile) per parameter
-    fallback: list[int] = field(default_factory=list)  # through model.load_weights
-
-
-_plans: dict[str, _Plan] = {}
 _stats = {"copy_plan": 0, "load_weights": 0}  # tensors applied by each path since the last `end_sync`
 _mapped: OrderedDict[int, tuple[torch.Tensor, dict[str, list[torch.Tensor]]]] = OrderedDict()
 _used: set[int] = set()  # kept buffers a bucket arrived in since the last `end_sync`
@@ -128,14 +118,14 @@ def load_flat(model, named_tensors) -> None:
         elif not isinstance(key, str) or not key.startswith(PREFIX):
             raise ValueError(f"labkit apply: payload name {str(key)[:60]!r} is not a labkit flat bucket "
                              f"(expected {PREFIX!r}, {DELTA_PREFIX!r} or {stagefile.PREFIX!r} + layout)")
-        plan = _plan(model, key)
+        plan = copyplan.plan_for(model, key)
         srcs = _sources(flat, key, plan) if path is None else stagefile.views(path, offset, key, plan.entries)
         if fp.engine_armed("engine.apply"):  # `labkit faults`: a failure in the middle of an apply
             for i, dst in zip(plan.direct, plan.dsts):
                 fp.hit("engine.apply", name=plan.entries[i][0])
                 dst.copy_(srcs[i])
-        elif plan.dsts:
-            torch._foreach_copy_(plan.dsts, [srcs[i] for i in plan.direct])
+        elif plan.dsts:  # a few strided copies, not one per tensor (labkit.engine.copyruns)
+            torch._foreach_copy_(plan.run_dsts, copyplan.run_sources(plan, srcs))
         if plan.fallback:
             model.load_weights([(plan.entries[i][0], srcs[i]) for i in plan.fallback])
         _after_apply(model, [plan.entries[i][0] for i in plan.direct])
@@ -151,17 +141,10 @@ def _after_apply(model, names: list[str]) -> None:
         after(names)
 
 
-def _plan(model, key: str) -> _Plan:
-    plan = _plans.get(key)
-    if plan is None or _moved(model, plan):
-        plan = _compile(model, key)
-    return plan
-
-
 def _apply_delta(model, key: str, payload: torch.Tensor) -> None:
     """Write the changed words of a delta payload into the parameter slices of its bucket's plan."""
     word, n_words, encoding, layout = key[len(DELTA_PREFIX):].split(":", 3)
-    plan = _plan(model, layout)
+    plan = copyplan.plan_for(model, layout)
     loose = [plan.entries[i][0] for i in plan.fallback] + \
         [plan.entries[i][0] for i, d in zip(plan.direct, plan.dsts) if not d.is_contiguous()]
     if loose:
@@ -189,34 +172,7 @@ def end_sync() -> list[int]:
     return out
 
 
-def _compile(model, key: str) -> _Plan:
-    plan = _Plan(json.loads(key[len(PREFIX):]))
-    view = getattr(model, "param_view", None)
-    tp = _tp_size()
-    for i, (name, dtype, shape, _, _) in enumerate(plan.entries):
-        found = view(name) if view is not None and tp == 1 else None
-        dst = None if found is None else found[1]
-        if dst is None or tuple(dst.shape) != tuple(shape) or str(dst.dtype) != f"torch.{dtype}":
-            plan.fallback.append(i)  # the model's own loader: casts, shards, or refuses with its message
-        else:
-            plan.direct.append(i)
-            plan.dsts.append(dst)
-            path, _, attr = found[0].rpartition(".")
-            module = model.get_submodule(path)
-            plan.owners.append((module, attr, getattr(module, attr).data_ptr()))
-    if len(_plans) > 64:  # layouts change with the bucket size; keep the table bounded
-        _plans.clear()
-    _plans[key] = plan
-    return plan
-
-
-def _moved(model, plan: _Plan) -> bool:
-    """A parameter re-created since the plan was compiled (a post-load repack, a memory resume) would leave
-    the plan copying into orphaned storage: re-resolve each owner by name, compare its storage."""
-    return any(getattr(module, attr).data_ptr() != ptr for module, attr, ptr in plan.owners)
-
-
-def _sources(flat: torch.Tensor, key: str, plan: _Plan) -> list[torch.Tensor]:
+def _sources(flat: torch.Tensor, key: str, plan: copyplan.Plan) -> list[torch.Tensor]:
     """Views of each tensor in `flat`, built once per (kept buffer, layout). Keeping `flat` keeps its segment
     mapped, so the next bucket's handle to the same buffer resolves to this mapping (no fresh mmap)."""
     held = _keep(flat)
@@ -299,12 +255,3 @@ def _release(flat: torch.Tensor) -> None:
 
 _orphans: list[torch.Tensor] = []
 _placeholders: list[torch.Tensor] = []  # the last ring call's placeholder tensor (`load_flat`)
-
-
-def _tp_size() -> int:
-    try:
-        from sglang.srt.distributed import get_tensor_model_parallel_world_size  # SGLang is crossed here only
-
-        return get_tensor_model_parallel_world_size()
-    except Exception:  # outside an engine (unit tests): one rank
-        return 1

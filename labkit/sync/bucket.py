@@ -88,9 +88,9 @@ def pack(bucket: Bucket, tensors: dict[str, torch.Tensor], out: torch.Tensor) ->
     srcs = []
     for meta in bucket.tensors:
         t = tensors[meta.name]
-        if tuple(t.shape) != meta.shape:
+        if t.shape != meta.shape:
             raise ValueError(f"{meta.name}: shape {tuple(t.shape)} != planned {meta.shape}")
-        srcs.append(t.detach())
+        srcs.append(t.detach() if t.requires_grad else t)
     flat, half = out[: bucket.nbytes], len(srcs) // 2
     _copy_runs(bucket.tensors[:half], srcs[:half], flat, 0)
     fp.hit("bucket.pack")  # `labkit faults`: a failure half way through a pack

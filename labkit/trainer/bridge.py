@@ -63,8 +63,8 @@ def patch_bridge(bridge):
     bridge._get_transformer_layer_spec = layer_spec.__get__(bridge)
     if not use_te:
         # The local spec keeps norms as separate modules instead of TE's fused layer_norm_weight.
-        bridge._MLP_MAPPING = {**cls._MLP_MAPPING,
-                               "pre_mlp_layernorm.weight": ["model.layers.{layer_number}.post_attention_layernorm.weight"]}
+        post_norm = ["model.layers.{layer_number}.post_attention_layernorm.weight"]
+        bridge._MLP_MAPPING = {**cls._MLP_MAPPING, "pre_mlp_layernorm.weight": post_norm}
         bridge._OTHER_MAPPING = {**getattr(cls, "_OTHER_MAPPING", {}),
                                  "input_layernorm.weight": ["model.layers.{layer_number}.input_layernorm.weight"]}
         bridge._ATTENTION_MAPPING = {**cls._ATTENTION_MAPPING,
@@ -102,7 +102,23 @@ def patch_bridge(bridge):
 
         bridge._weight_to_mcore_format = weight_to_mcore
         bridge._weight_to_hf_format = weight_to_hf
+    _keep_name_mapping(bridge)
     return bridge
+
+
+def _keep_name_mapping(bridge) -> None:
+    """mbridge maps every Megatron name to its HF names with string work on each call, for every tensor of every
+    sync: 5 % of the trainer's time in a sync of the 4,179-tensor MoE preset (py-spy, not stored). The mapping
+    is a function of the name once the bridge is patched, so each answer is kept (a copy handed out)."""
+    names_of, kept = bridge._weight_name_mapping_mcore_to_hf, {}
+
+    def mapping(name: str) -> list[str]:
+        got = kept.get(name)
+        if got is None:
+            got = kept[name] = list(names_of(name))
+        return list(got)
+
+    bridge._weight_name_mapping_mcore_to_hf = mapping
 
 
 def _export_no_pp(bridge, models):
@@ -114,18 +130,14 @@ def _export_no_pp(bridge, models):
     of named_parameters, as a persistent buffer; it is exported from the buffers, as mbridge does from the
     state dict. Neither walks `state_dict()` per sync: in a py-spy of guarded syncs of the 4,179-tensor MoE
     preset (not stored), the two `state_dict()` calls (this one and the one inside mbridge's name map) took 76
-    of the 675 samples of the trainer's sync thread; the name map is now kept per model (`_global_names`).
+    of the 675 samples of the trainer's sync thread; the name map is now kept per model (`_exported`).
     """
     from mbridge.core.util import unwrap_model
 
     tp, group = bridge.mpu.tp_size, bridge.mpu.tp_group
     for model in models:
         model = unwrap_model(model)
-        params = dict(model.named_parameters())
-        params.update((k, v) for k, v in model.named_buffers() if "expert_bias" in k and k not in params)
-        local_to_global = _global_names(bridge, model, params)
-        for local, param in params.items():
-            name = local_to_global[local]
+        for name, param in _exported(bridge, model):
             if getattr(param, "tensor_model_parallel", False) and tp > 1:
                 parts = [torch.empty_like(param) for _ in range(tp)]
                 torch.distributed.all_gather(parts, param, group=group)
@@ -133,16 +145,35 @@ def _export_no_pp(bridge, models):
             yield from zip(*bridge._weight_to_hf_format(name, param))
 
 
-_NAMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> mbridge's local -> global name map
+# model -> [(global name, owning module (weakly), attribute, is a buffer)]: what `_exported` walks, kept per model
+_WALK: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _global_names(bridge, model, params: dict) -> dict[str, str]:
-    """mbridge's local -> global name map of `model` (a function of its structure), built once per model and
-    built again if a name it lacks appears."""
-    names = _NAMES.get(model)
-    if names is None or not all(k in names for k in params):
-        names = _NAMES[model] = bridge._weight_name_mapping_mcore_local_to_global(model, consider_ep=False)
-    return names
+def _exported(bridge, model) -> list[tuple[str, torch.Tensor]]:
+    """(mbridge's global name, tensor) of each parameter of `model` and each router `expert_bias` buffer, in
+    `named_parameters` order. Walking the module tree (`named_parameters`, `named_buffers`) on every sync was 6 %
+    of the trainer's time in a sync of the 4,179-tensor MoE preset (py-spy, not stored): the walk is kept per
+    model, and each tensor is read from its owner again on every sync, so a parameter replaced in place
+    (`module.weight = ...`) is the one exported; one that is gone makes the walk start over."""
+    walk = _WALK.get(model)
+    if walk is not None:
+        got = [(name, _owned(owner(), attr, buf)) for name, owner, attr, buf in walk]
+        if all(t is not None for _, t in got):
+            return got
+    params = dict(model.named_parameters())
+    buffers = {k: v for k, v in model.named_buffers() if "expert_bias" in k and k not in params}
+    names = bridge._weight_name_mapping_mcore_local_to_global(model, consider_ep=False)
+    walk = _WALK[model] = []
+    for local in [*params, *buffers]:
+        owner, _, attr = local.rpartition(".")
+        walk.append((names[local], weakref.ref(model.get_submodule(owner)), attr, local in buffers))
+    return _exported(bridge, model)
+
+
+def _owned(owner, attr: str, buffer: bool) -> torch.Tensor | None:
+    if owner is None:  # a module dropped from the model
+        return None
+    return (owner._buffers if buffer else owner._parameters).get(attr)
 
 
 def export_unique(bridge, models, fast: bool = True):

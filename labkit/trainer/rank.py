@@ -187,6 +187,7 @@ class TrainerRank:
                for n, t in fixes.export_unique(self.bridge, self.models, fast=fast)]
         return out if self.rank == 0 else None
 
+    @torch.no_grad()  # the export's views (mbridge's q/k/v and gate/up splits) need no autograd graph
     def sync(self, consumer, engine, cfg, engine_spec: dict | None = None, weight_version: str | None = None,
              exclude: tuple[str, ...] = ()) -> dict | None:
         """Hand this rank's export to `consumer.run(named_iter, engine, cfg, engine_spec, weight_version, exclude)`

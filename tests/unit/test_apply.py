@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from labkit.engine import apply, delta
+from labkit.engine import apply, copyplan, delta
 from labkit.engine.config import APPLY_FORMAT
 
 
@@ -44,7 +44,8 @@ def _bucket(named: dict[str, torch.Tensor]):
 
 @pytest.fixture(autouse=True)
 def fresh():
-    importlib.reload(apply)  # module-level plan and mapping caches start empty
+    importlib.reload(copyplan)  # module-level plan and mapping caches start empty
+    importlib.reload(apply)
     yield
 
 
