@@ -142,6 +142,12 @@ def _joined(seq: list[Run], steps: tuple[int, int]) -> Run:
     return Run([m for p in seq for m in p.members], seq[0].shape, seq[0].stride, len(seq), *steps)
 
 
+def apart(run: Run) -> list[Run]:
+    """A progression's pieces as one copy each again (a piece that joined neighbours stays one flat copy)."""
+    k = len(run.members) // run.count
+    return [Run(run.members[j * k:(j + 1) * k], run.shape, run.stride) for j in range(run.count)]
+
+
 def views(run: Run) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     """(size, source strides, destination strides) of the run's strided views, each anchored at its first
     segment's offsets (`as_strided(size, strides, storage_offset)`); a run of one piece keeps its own shape."""

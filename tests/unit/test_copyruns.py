@@ -16,13 +16,14 @@ class Experts(nn.Module):
     """One MoE layer as SGLang's FusedMoE holds it (w13 [E, 2Ip, H], w2 [E, H, Ip]; Ip >= I: CPU padding) plus a
     dense qkv block and a norm; `param_view` as labkit's models answer it."""
 
-    def __init__(self, experts: int, inter: int, hidden: int, pad: int = 0, dtype=torch.float32):
+    def __init__(self, experts: int, inter: int, hidden: int, pad: int = 0, dtype=torch.float32, device="cpu"):
         super().__init__()
         self.i, self.ip = inter, inter + pad
-        self.w13 = nn.Parameter(torch.zeros(experts, 2 * self.ip, hidden, dtype=dtype), requires_grad=False)
-        self.w2 = nn.Parameter(torch.zeros(experts, hidden, self.ip, dtype=dtype), requires_grad=False)
-        self.qkv = nn.Parameter(torch.zeros(12, hidden, dtype=dtype), requires_grad=False)
-        self.norm = nn.Parameter(torch.zeros(hidden, dtype=dtype), requires_grad=False)
+        kw = dict(dtype=dtype, device=device)
+        self.w13 = nn.Parameter(torch.zeros(experts, 2 * self.ip, hidden, **kw), requires_grad=False)
+        self.w2 = nn.Parameter(torch.zeros(experts, hidden, self.ip, **kw), requires_grad=False)
+        self.qkv = nn.Parameter(torch.zeros(12, hidden, **kw), requires_grad=False)
+        self.norm = nn.Parameter(torch.zeros(hidden, **kw), requires_grad=False)
 
     def param_view(self, name: str):
         kind, _, idx = name.partition(".")
@@ -41,7 +42,7 @@ def _shape(m: Experts, name: str) -> tuple[int, ...]:
 
 def _bucket(m: Experts, names: list[str], seed: int = 0):
     g = torch.Generator().manual_seed(seed)
-    named = {n: torch.randn(_shape(m, n), generator=g).to(m.w13.dtype) for n in names}
+    named = {n: torch.randn(_shape(m, n), generator=g).to(m.w13.device, m.w13.dtype) for n in names}
     entries, parts, off = [], [], 0
     for n, t in named.items():
         raw = t.contiguous().view(-1).view(torch.uint8)
@@ -108,3 +109,13 @@ def test_steps_never_overlap_and_unaligned_sources_stay_alone():
     assert len(copyruns.runs([seg(None, 1, 0, (2,), (1,), "f"), seg(None, 1, 2, (2,), (1,), "f")])) == 2
     three = copyruns.runs([seg(i * 8, 1, i * 4, (4,), (1,), "f") for i in range(3)])
     assert len(three) == 1 and copyruns.views(three[0]) == ((3, 4), (8, 1), (4, 1))
+
+
+def test_apart_gives_back_a_progressions_pieces():
+    seg = copyruns.Segment
+    # pairs continue each other on both sides (one piece of 4), and the pieces are 6 and 4 elements apart
+    segs = [seg(i * 6 + j * 2, 1, i * 4 + j * 2, (2,), (1,), "f") for i in range(3) for j in range(2)]
+    (run,) = copyruns.runs(segs)
+    assert run.count == 3 and run.shape == (4,)
+    pieces = copyruns.apart(run)
+    assert [p.members for p in pieces] == [[0, 1], [2, 3], [4, 5]] and all(p.shape == (4,) for p in pieces)
