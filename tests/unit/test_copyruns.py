@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from labkit.engine import copyplan, copyruns
-from labkit.engine.apply import layout_key
+from tests.unit.test_apply import _bucket as packed  # (layout key, flat bucket) of named tensors
 
 
 class Experts(nn.Module):
@@ -43,13 +43,7 @@ def _shape(m: Experts, name: str) -> tuple[int, ...]:
 def _bucket(m: Experts, names: list[str], seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     named = {n: torch.randn(_shape(m, n), generator=g).to(m.w13.device, m.w13.dtype) for n in names}
-    entries, parts, off = [], [], 0
-    for n, t in named.items():
-        raw = t.contiguous().view(-1).view(torch.uint8)
-        entries.append((n, str(t.dtype).removeprefix("torch."), tuple(t.shape), off, off + raw.numel()))
-        parts.append(raw)
-        off += raw.numel()
-    return layout_key(entries), torch.cat(parts), named
+    return (*packed(named), named)
 
 
 def _apply(m: Experts, key: str, flat: torch.Tensor) -> copyplan.Plan:
