@@ -65,6 +65,21 @@ def test_pack_casts_and_copies_misaligned_runs_byte_for_byte(start):
     assert out[start + b.nbytes] == 7  # nothing past the bucket
 
 
+def test_a_run_of_many_small_tensors_packed_by_two_threads_is_byte_for_byte(monkeypatch):
+    """An MoE-like bucket (hundreds of small expert tensors, two dtypes) takes the two-thread path (`_cat`)."""
+    g = torch.Generator().manual_seed(2)
+    named = {f"model.layers.0.mlp.experts.{e}.{k}.weight": torch.randn(5 + e % 3, 7, generator=g)
+             for e in range(100) for k in ("gate_proj", "up_proj", "down_proj")}
+    named.update({f"x.{i}": torch.randn(3, generator=g).to(torch.bfloat16) for i in range(70)})
+    (b,) = plan_buckets(_metas(named), 1 << 22).buckets
+    monkeypatch.setattr(bk.torch, "get_num_threads", lambda: 2)  # the split needs a second core, as a box has
+    monkeypatch.setattr(bk, "_helper", None)
+    out = torch.full((b.nbytes + 1,), 7, dtype=torch.uint8)
+    flat = bk.pack(b, named, out)
+    assert bk._helper is not None  # the helper thread packed half of the run
+    assert bytes(flat.numpy()) == _reference_pack(b, named) and out[b.nbytes] == 7
+
+
 def test_pack_refuses_wrong_shape_and_small_buffer():
     named = _named()
     (b,) = plan_buckets(_metas(named), 1 << 20).buckets
@@ -120,4 +135,5 @@ def test_expected_checksums_accumulate_fused_groups_across_per_tensor_buckets():
     partial = Expected()
     partial.add({"model.layers.0.self_attn.q_proj.weight": named["model.layers.0.self_attn.q_proj.weight"]})
     got = partial.finish()
-    assert got["model.layers.0.self_attn.qkv_proj.weight"] != expected_checksums(named)["model.layers.0.self_attn.qkv_proj.weight"]
+    qkv = "model.layers.0.self_attn.qkv_proj.weight"
+    assert got[qkv] != expected_checksums(named)[qkv]
