@@ -110,18 +110,13 @@ def _split(seq: list[Run], segments: list[Segment]) -> list[Run]:
         steps = [_steps(c, segments) for c in classes]
         if all(st is not None for st in steps):
             return [_joined(c, st) for c, st in zip(classes, steps)]
-    out: list[Run] = []  # no regular interleave: consecutive stretches that are progressions
+    stretches: list[list[Run]] = []  # no regular interleave: consecutive stretches that are progressions
     for p in seq:
-        if out and _steps(out[-1].pieces + [p], segments) is not None:
-            out[-1].pieces.append(p)
+        if stretches and _steps(stretches[-1] + [p], segments) is not None:
+            stretches[-1].append(p)
         else:
-            out.append(_Stretch([p]))
-    return [_joined(s.pieces, _steps(s.pieces, segments)) for s in out]
-
-
-@dataclass
-class _Stretch:
-    pieces: list[Run]
+            stretches.append([p])
+    return [_joined(s, _steps(s, segments)) for s in stretches]
 
 
 def _steps(seq: list[Run], segments: list[Segment]) -> tuple[int, int] | None:
