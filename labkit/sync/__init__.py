@@ -26,7 +26,7 @@ def engine_spec(model_dir: str, dtype: str = "auto", ffn_pad: int = 1) -> dict:
     """What the engine's model expects (labkit.engine.contract.Contract, as a plain dict): {"tensors": {HF name:
     (shape, dtype)}, "dtype": its serving dtype, "ffn_pad": the multiple its FFN widths are padded to}. A sync
     adds "checksum", the hash its weight checker runs (EngineHandle.checksum_algo; absent: labkit's default)."""
-    return Contract.from_model_dir(model_dir, dtype).spec(ffn_pad)
+    return (Contract.find(model_dir, dtype) or Contract.from_model_dir(model_dir, dtype)).spec(ffn_pad)
 
 
 def sync(trainer, engine, cfg: SyncConfig | None = None, weight_version: str | None = None,

@@ -57,6 +57,9 @@ class SyncConfig:
     """0: every sync sends every byte. N >= 1: send only the words that changed since the engine's copy (a change
     mask + the changed words, into labkit's engine-side loader; colocated or distributed), with a full sync,
     the anchor, at least every N syncs (labkit.sync.delta). Pays off where the engine serves bf16."""
+    host_threads: int | None = None
+    """CPU syncs: torch's intra-op threads in the trainer while the buckets stream (None: every core but one, the
+    engine's, which applies while the trainer packs; labkit.sync.bucket.host_threads). GPU syncs ignore it."""
     pause_mode: PauseMode = "abort"
     """Atomic syncs: SGLang's pause mode (abort, retract; in_place is refused; labkit.workbench.serve_sync)."""
 
@@ -84,6 +87,9 @@ class SyncConfig:
         if self.delta:
             check(self.transport in ("colocated", "distributed"), "transport", self.transport,
                   "colocated or distributed with delta (one flat bucket per call carries a delta)")
+        check(self.host_threads is None or (isinstance(self.host_threads, int) and not isinstance(
+            self.host_threads, bool) and self.host_threads >= 1), "host_threads", self.host_threads,
+              "None (every core but the engine's) or a positive number of threads")
         check_choice(self, "pause_mode")
         if self.atomic and self.pause_mode == "in_place":
             raise ValueError("pause_mode='in_place' is refused by the atomic guard (atomic=True): SGLang leaves "

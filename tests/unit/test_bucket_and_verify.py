@@ -80,6 +80,28 @@ def test_a_run_of_many_small_tensors_packed_by_two_threads_is_byte_for_byte(monk
     assert bytes(flat.numpy()) == _reference_pack(b, named) and out[b.nbytes] == 7
 
 
+def test_a_cpu_sync_streams_on_every_core_but_the_engines_and_gives_the_threads_back(monkeypatch):
+    """The trainer leaves the engine's apply a core while the buckets stream (bucket.host_threads), and gets its
+    own threads back afterwards, also when the sync fails."""
+    before = torch.get_num_threads()
+    monkeypatch.setattr(bk.os, "cpu_count", lambda: 8)
+    torch.set_num_threads(8)
+    try:
+        with bk.host_threads("cpu") as n:
+            assert n == 7 and torch.get_num_threads() == 7
+        with bk.host_threads("cpu", 3) as n:  # SyncConfig.host_threads
+            assert n == 3 and torch.get_num_threads() == 3
+        with bk.host_threads("cuda", 3) as n:  # copies on the device: the host's threads are left alone
+            assert n == 8 and torch.get_num_threads() == 8
+        monkeypatch.setattr(bk.os, "cpu_count", lambda: 1)
+        with pytest.raises(RuntimeError, match="boom"), bk.host_threads("cpu") as n:
+            assert n == 1 and torch.get_num_threads() == 1
+            raise RuntimeError("boom")
+        assert torch.get_num_threads() == 8
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_pack_refuses_wrong_shape_and_small_buffer():
     named = _named()
     (b,) = plan_buckets(_metas(named), 1 << 20).buckets

@@ -30,6 +30,10 @@ def test_allowed_values_come_from_the_literal():
     assert choices(SyncConfig, "bucket_mb") == ()
     with pytest.raises(ValueError, match=r"^transport='pigeon' is invalid: expected one of per-tensor, colocated"):
         SyncConfig(transport="pigeon")
+    for bad in (0, True, "2", 1.5):
+        with pytest.raises(ValueError, match=r"^host_threads=.* is invalid: expected None .*or a positive number"):
+            SyncConfig(host_threads=bad)
+    assert SyncConfig(host_threads=3).host_threads == 3
     with pytest.raises(ValueError, match=r"^EngineConfig.dtype='fp8' is invalid: expected one of auto, float32"):
         EngineConfig(model_dir="m", dtype="fp8")
 

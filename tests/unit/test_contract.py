@@ -112,6 +112,21 @@ def model_dir(tmp_path_factory):
     return str(make_tiny_mimo(tmp_path_factory.mktemp("tiny")))
 
 
+def test_the_kept_contract_follows_a_rewritten_checkpoint(tmp_path):
+    """engine_spec is read from a cache (every sync asks): a checkpoint written again with other shapes is read
+    again, not answered from the old headers."""
+    small = make_tiny_mimo(tmp_path / "m")
+    before = engine_spec(str(small))
+    import safetensors.torch as st
+    f = next(small.glob("*.safetensors"))
+    tensors = st.load_file(str(f))
+    name = next(iter(tensors))
+    tensors[name] = torch.zeros(3, 5)
+    st.save_file(tensors, str(f))
+    after = engine_spec(str(small))
+    assert before["tensors"][name][0] != (3, 5) and after["tensors"][name][0] == (3, 5)
+
+
 def test_contract_from_model_dir_is_what_engine_spec_returns(model_dir):
     c = Contract.from_model_dir(model_dir)
     assert c.dtype == json.load(open(f"{model_dir}/config.json")).get("torch_dtype", "bfloat16")
@@ -121,6 +136,8 @@ def test_contract_from_model_dir_is_what_engine_spec_returns(model_dir):
     assert set(f32.tensors) == set(c.tensors) and {d for _, d in f32.tensors.values()} == {"float32"}
     assert Contract.find(model_dir) == c and Contract.find(model_dir) is Contract.find(model_dir)
     assert Contract.find("<remote>") is None
+    assert Contract.find(model_dir, "float16").dtype == "float16" and engine_spec(model_dir, "float16")["dtype"] == \
+        "float16"
     # every fused part of the real checkpoint names a group whose parts are all there
     groups: dict[str, set] = {}
     for n in c.tensors:
