@@ -133,6 +133,9 @@ def _copy_runs(metas, srcs: list[torch.Tensor], flat: torch.Tensor, offset: int)
 # A run of many small tensors is packed by two threads, half each: torch copies a tensor below its grain size on
 # one thread, so a bucket of ~465 MoE expert tensors of 72 KB packed on one core while a dense bucket's 3 MB
 # tensors used both (3.9 against 3.1 ms per 34 MB bucket, scratch microbenchmark on the 2-core box, not stored).
+# It asks for a second core, not for a second torch thread: while a sync streams torch keeps one thread for the
+# engine's sake (`host_threads`), and the split still paid there (40 transport-only syncs of the MoE preset,
+# median 0.129 s without it against 0.111 s with it; scratch, not stored).
 SPLIT_MIN_TENSORS, SPLIT_BELOW_BYTES = 64, 1 << 20
 _helper: ThreadPoolExecutor | None = None
 
@@ -141,7 +144,7 @@ def _cat(run: list[torch.Tensor], out: torch.Tensor) -> None:
     """`torch.cat(run, out=out)`, split over two threads for a CPU run of many small tensors (`SPLIT_*`)."""
     global _helper
     small = out.numel() * out.element_size() < SPLIT_BELOW_BYTES * len(run)
-    if len(run) < SPLIT_MIN_TENSORS or not small or out.device.type != "cpu" or torch.get_num_threads() < 2:
+    if len(run) < SPLIT_MIN_TENSORS or not small or out.device.type != "cpu" or (os.cpu_count() or 1) < 2:
         torch.cat(run, out=out)
         return
     _helper = _helper or ThreadPoolExecutor(1, thread_name_prefix="labkit-pack")
@@ -153,16 +156,18 @@ def _cat(run: list[torch.Tensor], out: torch.Tensor) -> None:
 
 
 @contextlib.contextmanager
-def host_threads(device: str, threads: int | None = None):
+def host_threads(device: str, threads: int | None = None, cross_node: bool = False):
     """While a CPU sync streams, torch's intra-op threads in this process: every core but one, which is the
     engine's. The engine applies bucket i (on one thread: SGLang's CPU scheduler runs torch with one) while
     this process gathers and packs bucket i + 1; a trainer with as many threads as cores oversubscribed the box,
     and each parallel copy waited on its thread that the engine had displaced. On the 2-core box, 40 repeated
     transport-only syncs (scratch, not stored), median total: colocated 0.117 s with 2 threads against 0.098 s
     with 1, `direct` 0.102 against 0.078; the MoE preset even (0.162 against 0.153 s). On a GPU the copies run
-    on the device: nothing changes. `threads` (SyncConfig.host_threads) overrides the rule on CPU."""
+    on the device, and an engine on another node (`cross_node`) has cores of its own: nothing changes there.
+    `threads` (SyncConfig.host_threads) overrides the rule on CPU."""
     before = torch.get_num_threads()
-    use = before if device != "cpu" else threads or max(1, min(before, (os.cpu_count() or 1) - 1))
+    keep = before if cross_node else max(1, min(before, (os.cpu_count() or 1) - 1))
+    use = before if device != "cpu" else threads or keep
     torch.set_num_threads(use)
     try:
         yield use

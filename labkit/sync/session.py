@@ -120,7 +120,7 @@ class Syncer:
         self._open_session(s, engine)  # release the KV cache, begin_weight_update
         hooks = hk.for_config(cfg, s.plan, engine_spec, self.slots)  # checksums or full copies; rollback copy
         try:
-            with bk.host_threads(s.device, cfg.host_threads):  # the engine's apply has a core of its own
+            with bk.host_threads(s.device, cfg.host_threads, s.nodes.get("sync/cross_node", False)):
                 self._stream(s, iter(named_iter), engine, hooks)  # gather, pack, send (overlapped), hooks
             s.measured = extra_at_peak(s.rss, s.held, self._pools(), s.device)
         except BaseException:

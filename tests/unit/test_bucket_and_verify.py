@@ -72,7 +72,7 @@ def test_a_run_of_many_small_tensors_packed_by_two_threads_is_byte_for_byte(monk
              for e in range(100) for k in ("gate_proj", "up_proj", "down_proj")}
     named.update({f"x.{i}": torch.randn(3, generator=g).to(torch.bfloat16) for i in range(70)})
     (b,) = plan_buckets(_metas(named), 1 << 22).buckets
-    monkeypatch.setattr(bk.torch, "get_num_threads", lambda: 2)  # the split needs a second core, as a box has
+    monkeypatch.setattr(bk.os, "cpu_count", lambda: 2)  # the split needs a second core, as a box has
     monkeypatch.setattr(bk, "_helper", None)
     out = torch.full((b.nbytes + 1,), 7, dtype=torch.uint8)
     flat = bk.pack(b, named, out)
@@ -92,6 +92,8 @@ def test_a_cpu_sync_streams_on_every_core_but_the_engines_and_gives_the_threads_
         with bk.host_threads("cpu", 3) as n:  # SyncConfig.host_threads
             assert n == 3 and torch.get_num_threads() == 3
         with bk.host_threads("cuda", 3) as n:  # copies on the device: the host's threads are left alone
+            assert n == 8 and torch.get_num_threads() == 8
+        with bk.host_threads("cpu", cross_node=True) as n:  # an engine on another node has cores of its own
             assert n == 8 and torch.get_num_threads() == 8
         monkeypatch.setattr(bk.os, "cpu_count", lambda: 1)
         with pytest.raises(RuntimeError, match="boom"), bk.host_threads("cpu") as n:
