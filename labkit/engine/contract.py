@@ -225,9 +225,7 @@ class Contract:
         files = sorted(d.glob("*.safetensors")) if d.is_dir() else []
         if not files:
             return None
-        stamps = tuple((f.name, f.stat().st_mtime_ns, f.stat().st_size) for f in [*files, d / "config.json"]
-                       if f.exists())
-        return _cached(str(d.resolve()), stamps, dtype)
+        return _cached(str(d.resolve()), tuple(_stamp(f) for f in [*files, d / "config.json"]), dtype)
 
     def check(self, items: Iterable[tuple], what: str) -> None:
         check_tensors(self.tensors, items, what)
@@ -236,6 +234,15 @@ class Contract:
         """The plain, picklable form the sync layer passes around: {"tensors": {...}, "dtype": ...,
         "ffn_pad": ...} (a copy; `ffn_pad` given: the engine's, which only the engine's device decides)."""
         return {"tensors": dict(self.tensors), "dtype": self.dtype, "ffn_pad": ffn_pad or self.ffn_pad}
+
+
+def _stamp(f: Path) -> tuple:
+    """(name, mtime_ns, size) of a file, one stat; (name,) for a file that is not there."""
+    try:
+        st = f.stat()
+    except FileNotFoundError:
+        return (f.name,)
+    return (f.name, st.st_mtime_ns, st.st_size)
 
 
 @lru_cache(maxsize=8)
