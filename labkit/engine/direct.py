@@ -19,20 +19,26 @@ not built here. The writes land in parameters the engine serves: generation is p
 that fails half way is restored by the atomic guard, as a failed bucket is.
 
 Both calls use the replies SGLang offers a scheduler: `get_weights_by_name(SHARE_PREFIX + request path)` reads
-the HF names from that JSON file and writes the answer beside it (`<path>.out`, a list of
-[name, file, storage bytes, byte offset, dtype, shape, strides]); it returns [[entries]].
+the HF names from that JSON file and writes the answer beside it (`<path>.out`: {"token", "entries"}, each entry
+[name, file, storage bytes, byte offset, dtype, shape, strides]); it returns [[entries]]. A later sync asks
+`SHARE_PREFIX + AGAIN + token` instead: [[1]] while the answer that token names still holds (every parameter it
+names keeps its shared storage), [[0]] otherwise, and the trainer then asks in full. Asking in full every sync
+cost 9 ms of a 0.05 s dense `direct` sync and 39 ms for the 4,179-tensor MoE preset (writing and reading the
+names and the answer); the short question costs one scheduler round trip (~3 ms).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import uuid
 
 from labkit.engine import checkmemo
 
 logger = logging.getLogger(__name__)
 
 SHARE_PREFIX = "labkit.direct/share:"  # get_weights_by_name(SHARE_PREFIX + path of a JSON list of HF names)
+AGAIN = "again:"  # SHARE_PREFIX + AGAIN + token: does the answer that token names still hold?
 DONE_PREFIX = "labkit-direct/1:"  # update_weights_from_tensor payload name: DONE_PREFIX + JSON list of names written
 
 
@@ -47,7 +53,7 @@ def share(model, names: list[str], tp_size: int = 1) -> list[list]:
         return []
     key = (id(model), tuple(names))
     kept = _answers.get(key)
-    if kept is not None and all(model.get_parameter(p).data_ptr() == ptr for p, ptr in kept[1]):
+    if kept is not None and _holds(model, kept):
         return kept[0]
     out, owners = [], {}
     for name in names:
@@ -64,22 +70,47 @@ def share(model, names: list[str], tp_size: int = 1) -> list[list]:
         out.append([name, file.decode(), int(size), view.storage_offset() * view.element_size(),
                     str(view.dtype).removeprefix("torch."), list(view.shape), list(view.stride())])
     _answers.clear()  # one model, one plan at a time: keep the latest answer only
-    _answers[key] = (out, list(owners.items()))
+    _answers[key] = (out, list(owners.items()), uuid.uuid4().hex)
     return out
 
 
-_answers: dict[tuple, tuple[list, list]] = {}
+_answers: dict[tuple, tuple[list, list, str]] = {}
+
+
+def token(model, names: list[str]) -> str | None:
+    """The token of the kept answer for `names` (what a later sync names to ask whether it still holds)."""
+    kept = _answers.get((id(model), tuple(names)))
+    return kept[2] if kept is not None else None
+
+
+def holds(model, tok: str) -> bool:
+    """Whether the answer `tok` names is still this model's: the same parameters, each on the shared storage it
+    had (a token from another engine process, or an answer dropped for a newer one, holds nothing)."""
+    return any(kept[2] == tok and key[0] == id(model) and _holds(model, kept) for key, kept in _answers.items())
+
+
+def _holds(model, kept) -> bool:
+    """Every owning parameter still at its address and still shared: a parameter re-created by a post-load repack
+    gets a new, unshared storage (an address alone could be reused by the allocator once the file is unmapped)."""
+    for p, ptr in kept[1]:
+        param = model.get_parameter(p)
+        if param.data_ptr() != ptr or not param.untyped_storage().is_shared():
+            return False
+    return True
 
 
 def answer(model, key: str, tp_size: int = 1) -> list[list[int]]:
-    """`get_weights_by_name(SHARE_PREFIX + path)`: share what the request file names, write `<path>.out`."""
-    path = key[len(SHARE_PREFIX):]
+    """`get_weights_by_name(SHARE_PREFIX + path)`: share what the request file names, write `<path>.out`;
+    `SHARE_PREFIX + AGAIN + token`: [[1]] if that answer still holds, else [[0]]."""
+    rest = key[len(SHARE_PREFIX):]
     checkmemo.MEMO.hold("transport='direct' shared the parameters: the trainer writes them until it closes the sync")
-    with open(path) as f:
+    if rest.startswith(AGAIN):
+        return [[int(holds(model, rest[len(AGAIN):]))]]
+    with open(rest) as f:
         names = json.load(f)
     entries = share(model, names, tp_size)
-    with open(path + ".out", "w") as f:
-        json.dump(entries, f)
+    with open(rest + ".out", "w") as f:
+        json.dump({"token": token(model, names) if entries else None, "entries": entries}, f)
     return [[len(entries)]]
 
 

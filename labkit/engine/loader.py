@@ -11,7 +11,7 @@ import json
 import os
 import tempfile
 
-from labkit.engine.direct import SHARE_PREFIX  # pure (json): no torch
+from labkit.engine.direct import AGAIN, SHARE_PREFIX  # pure (json): no torch
 
 
 class LoaderQueries:
@@ -61,11 +61,12 @@ class LoaderQueries:
         row = [int(v) for v in rows[0]] if rows and rows[0] else []
         return {"on": len(row) > 2 and row[2] == 1, "hits": row[1] if len(row) > 1 else 0}
 
-    def share_params(self, names: list[str]) -> list[list] | None:
+    def share_params(self, names: list[str]) -> dict | None:
         """transport="direct": the engine moves the parameters holding `names` into shared memory (in place, once)
-        and answers [name, shm file, storage bytes, byte offset, dtype, shape] for each it holds as one contiguous
-        slice (labkit.engine.direct); None when its model does not answer (not one of labkit's). The request and
-        the answer are files in /dev/shm: trainer and engine share a node on this transport."""
+        and answers {"token", "entries"}: [name, shm file, storage bytes, byte offset, dtype, shape, strides] for
+        each it holds as a slice of one parameter (labkit.engine.direct), and the token a later sync asks
+        `shared_still` with; None when its model does not answer (not one of labkit's). The request and the
+        answer are files in /dev/shm: trainer and engine share a node on this transport."""
         root = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
         fd, path = tempfile.mkstemp(prefix="labkit_direct_", suffix=".json", dir=root)
         try:
@@ -79,6 +80,12 @@ class LoaderQueries:
             for p in (path, path + ".out"):
                 if os.path.exists(p):
                     os.remove(p)
+
+    def shared_still(self, token: str) -> bool:
+        """Whether the engine's share answer `token` still holds (same parameters on the same shared storage):
+        one short round trip instead of asking `share_params` in full every sync."""
+        rows = self._b.get_weights_by_name(SHARE_PREFIX + AGAIN + token, 1)
+        return bool(rows and rows[0] and int(rows[0][0]) == 1)
 
     def routes_flat(self) -> bool:
         """Whether the engine's model hands labkit payloads in `load_weights` to labkit's loader (labkit's own

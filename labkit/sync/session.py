@@ -303,6 +303,7 @@ def _metrics(s: _State, result: dict) -> dict:
         "sync/weight_version": s.version,
         "sync/port_retries": s.transport.port_retries,
         "sync/apply_path": getattr(s.transport, "apply_path", "load_weights"),  # labkit.engine.loader.apply_path
+        **({"sync/direct_share": s.transport.share} if s.cfg.transport == "direct" else {}),
         **s.nodes,
         **(s.delta.metrics() if s.delta is not None else {"sync/wire_bytes": plan.total_bytes}),
         **result,

@@ -64,6 +64,12 @@ def test_every_transport_syncs_a_trained_model_bitwise(transport, trainer, engin
     # MTP draft weights ride along and are verified (they are part of the checked set).
     assert any(".mtp_layers." in n for n, _ in trainer.export())
     assert _greedy_matches(trainer, engine)
+    if transport == "direct":  # a later sync asks only whether the engine's share answer still holds, and lands
+        _train(trainer, steps=1, seed=SEEDS[transport] + 7)
+        again = sync(trainer, engine, SyncConfig(transport=transport, bucket_mb=0.02, progress=False))
+        assert (m["sync/direct_share"], again["sync/direct_share"]) == ("asked", "kept")
+        assert again["sync/verified"] is True and again["verify/num_checked"] == m["verify/num_checked"]
+        assert _greedy_matches(trainer, engine)
 
 
 def test_full_compare_reads_every_tensor_back(trainer, engine):

@@ -1,6 +1,8 @@
 """transport="direct" without an engine: the share answer (labkit.engine.direct) and the trainer's mappings of it
 (labkit.sync.transports.direct.Mappings) write into the very storage a model serves."""
 
+import json
+
 import pytest
 import torch
 
@@ -40,14 +42,39 @@ def test_the_trainer_writes_into_the_served_parameters_and_leaves_the_padding_al
         want[:, :5] = 0.3
         assert torch.equal(model.down.data, want)
         assert direct.share(model, ["q", "k", "down", "tied"]) is entries  # unchanged parameters: the kept answer
+        tok = direct.token(model, ["q", "k", "down", "tied"])
+        assert tok and direct.holds(model, tok) and not direct.holds(Model(), tok)  # another model: nothing holds
         model.qk = torch.nn.Parameter(torch.ones(6, 4), requires_grad=False)  # re-created (a post-load repack)
+        assert not direct.holds(model, tok)  # the trainer must ask in full: its view of q/k is the old file's
         again = direct.share(model, ["q", "k", "down", "tied"])
+        assert direct.token(model, ["q", "k", "down", "tied"]) not in (None, tok)
         assert again is not entries and again[0][1] != entries[0][1]  # a new file for the new storage
         with pytest.raises(ValueError, match=r"q: the engine's share answer .* does not fit its file"):
             Mappings().views([[*again[0][:2], 8, *again[0][3:]]])  # a storage smaller than the slice it claims
         maps.views(again)["q"].copy_(torch.zeros(2, 4))
         assert float(model.qk[:2].abs().sum()) == 0.0
         assert again[0][1] in maps.files and entries[0][1] not in maps.files  # the re-created one's old file let go
+    finally:
+        maps.close()
+
+
+def test_a_later_sync_asks_by_token_and_the_engine_answers_in_full_only_when_it_must(tmp_path):
+    """The engine's side of the short question (`answer` with AGAIN) and the trainer's kept token (`Mappings.kept`):
+    one round trip while nothing changed, the full answer after a parameter was re-created."""
+    model, maps, names = Model(), Mappings(), ["q", "k", "down"]
+    request = tmp_path / "req.json"
+    request.write_text('["q", "k", "down"]')
+    try:
+        assert direct.answer(model, direct.SHARE_PREFIX + str(request)) == [[3]]
+        full = json.loads((tmp_path / "req.json.out").read_text())
+        maps.views(full["entries"], full["token"], names)
+        assert maps.kept(names) == full["token"] and maps.kept(["q"]) is None  # another plan asks in full
+        assert direct.answer(model, direct.SHARE_PREFIX + direct.AGAIN + full["token"]) == [[1]]
+        assert direct.answer(model, direct.SHARE_PREFIX + direct.AGAIN + "not-a-token") == [[0]]
+        model.down = torch.nn.Parameter(torch.zeros(4, 8, dtype=torch.bfloat16), requires_grad=False)
+        assert direct.answer(model, direct.SHARE_PREFIX + direct.AGAIN + full["token"]) == [[0]]
+        maps.close()
+        assert maps.kept(names) is None
     finally:
         maps.close()
 

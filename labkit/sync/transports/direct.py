@@ -28,7 +28,8 @@ class Direct:
     2. the first send asks the engine to share the parameters holding the plan's tensors
        (`EngineHandle.share_params`: it moves their storages into shared-memory files in place, once, and
        answers file, offset, dtype, shape per tensor; a model that cannot is refused there, still before a
-       byte moves); each file is mapped once (`Mappings`, kept across syncs; a file the engine no longer names,
+       byte moves); a later sync asks only whether that answer still holds (`shared_still`, one round trip);
+       each file is mapped once (`Mappings`, kept across syncs; a file the engine no longer names,
        e.g. after a restart, is let go) and a typed view built per tensor. Then, per bucket (on the syncer's
        worker thread, so the next bucket gathers meanwhile): `view.copy_` for each shared tensor (a strided
        view where the engine padded the block); the others (a tied lm_head) in one `update_weights_from_tensor`
@@ -49,6 +50,7 @@ class Direct:
         self.written: list[str] = []
         self.fallback = 0
         self.apply_path = "direct"
+        self.share = None  # `sync/direct_share`: "asked" (the full answer) or "kept" (the earlier one still held)
 
     def open(self, engine, plan: Plan) -> None:
         from sglang.srt.utils import MultiprocessingSerializer  # SGLang is crossed here only
@@ -62,14 +64,20 @@ class Direct:
         self.serializer, self.names = MultiprocessingSerializer, [t.name for t in plan.tensors]
 
     def _handshake(self, engine) -> float:
-        """The engine's share answer, asked on every sync (a restarted engine, a re-created parameter answer
-        other files) and charged to "transfer" (what each sync pays, not one-off setup)."""
+        """The engine's share answer, checked on every sync (a restarted engine, a re-created parameter answer
+        other files) and charged to "transfer" (what each sync pays, not one-off setup): the answer kept from an
+        earlier sync of the same plan is reused while the engine says its token still holds (one round trip),
+        else asked in full."""
         t0 = time.perf_counter()
-        entries = engine.share_params(self.names)
-        if entries is None:
+        kept = self.maps.kept(self.names)
+        if kept is not None and engine.shared_still(kept):
+            self.views, self.share = self.maps.built, "kept"
+            return time.perf_counter() - t0
+        answer = engine.share_params(self.names)
+        if answer is None:
             raise Unsupported("transport='direct': the engine's model does not share its parameters (labkit's "
                               "model classes do): use 'colocated'")
-        self.views = self.maps.views(entries)
+        self.views, self.share = self.maps.views(answer["entries"], answer["token"], self.names), "asked"
         return time.perf_counter() - t0
 
     def send(self, engine, b: Bucket, tensors: dict[str, torch.Tensor], flat=None) -> dict:
@@ -110,10 +118,17 @@ class Mappings:
         self.files: dict[str, torch.Tensor] = {}  # shm file name -> its whole mapping (uint8)
         self.answer: list | None = None  # the last share answer and its views, reused while the engine repeats it
         self.built: dict[str, torch.Tensor] = {}
+        self.token: tuple[str, tuple[str, ...]] | None = None  # (the answer's token, the names it was asked for)
 
-    def views(self, entries: list[list]) -> dict[str, torch.Tensor]:
-        """{HF name: typed (possibly strided) view into the engine's parameter} for the engine's share answer."""
+    def kept(self, names: list[str]) -> str | None:
+        """The token of the answer these views were built from, if it was asked for exactly `names`."""
+        return self.token[0] if self.token is not None and self.token[1] == tuple(names) else None
+
+    def views(self, entries: list[list], token: str | None = None, names=()) -> dict[str, torch.Tensor]:
+        """{HF name: typed (possibly strided) view into the engine's parameter} for the engine's share answer
+        (`token`: what the engine names that answer by, for `kept`)."""
         if entries == self.answer:
+            self.token = (token, tuple(names)) if token else None
             return self.built
         self.close(keep={e[1] for e in entries})
         out = {}
@@ -131,13 +146,14 @@ class Mappings:
             view = torch.empty(0, dtype=dt)
             out[name] = view.set_(whole.untyped_storage(), start // dt.itemsize, shape, strides)
         self.answer, self.built = entries, out
+        self.token = (token, tuple(names)) if token else None  # only once every view is built
         return out
 
     def close(self, keep: set[str] = frozenset()) -> None:
         """Let go of every mapping not in `keep`, and remove the files whose engine is gone (nobody else will:
         labkit.compat.sglang.cleanup_shm leaves a file alone while this process maps it)."""
         dropped = [f for f in self.files if f not in keep]
-        self.answer, self.built = None, {}
+        self.answer, self.built, self.token = None, {}, None
         for f in dropped:
             del self.files[f]
         if dropped:
