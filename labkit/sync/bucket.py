@@ -13,7 +13,6 @@ import contextlib
 import functools
 import gc
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -118,7 +117,7 @@ def _copy_runs(metas, srcs: list[torch.Tensor], flat: torch.Tensor, offset: int)
         if typed is not None:
             run = [t.reshape(-1) for t in srcs[i:j]]
             if all(t.dtype == typed.dtype for t in run):
-                _cat(run, typed)
+                torch.cat(run, out=typed)
             else:  # a cast: one multi-tensor copy into views (torch.cat's casting path is slower: `pack`)
                 torch._foreach_copy_(list(typed.split([t.numel() for t in run])), run)
         else:
@@ -128,31 +127,6 @@ def _copy_runs(metas, srcs: list[torch.Tensor], flat: torch.Tensor, offset: int)
                 region[at: at + m.nbytes].copy_(src.reshape(-1).view(torch.uint8))
                 at += m.nbytes
         offset, i = offset + nbytes, j
-
-
-# A run of many small tensors is packed by two threads, half each: torch copies a tensor below its grain size on
-# one thread, so a bucket of ~465 MoE expert tensors of 72 KB packed on one core while a dense bucket's 3 MB
-# tensors used both (3.9 against 3.1 ms per 34 MB bucket, scratch microbenchmark on the 2-core box, not stored).
-# It asks for a second core, not for a second torch thread: while a sync streams torch keeps one thread for the
-# engine's sake (`host_threads`), and the split still paid there (40 transport-only syncs of the MoE preset,
-# median 0.129 s without it against 0.111 s with it; scratch, not stored).
-SPLIT_MIN_TENSORS, SPLIT_BELOW_BYTES = 64, 1 << 20
-_helper: ThreadPoolExecutor | None = None
-
-
-def _cat(run: list[torch.Tensor], out: torch.Tensor) -> None:
-    """`torch.cat(run, out=out)`, split over two threads for a CPU run of many small tensors (`SPLIT_*`)."""
-    global _helper
-    small = out.numel() * out.element_size() < SPLIT_BELOW_BYTES * len(run)
-    if len(run) < SPLIT_MIN_TENSORS or not small or out.device.type != "cpu" or (os.cpu_count() or 1) < 2:
-        torch.cat(run, out=out)
-        return
-    _helper = _helper or ThreadPoolExecutor(1, thread_name_prefix="labkit-pack")
-    half = len(run) // 2
-    split = sum(t.numel() for t in run[:half])
-    later = _helper.submit(torch.cat, run[half:], out=out[split:])
-    torch.cat(run[:half], out=out[:split])
-    later.result()
 
 
 @contextlib.contextmanager
