@@ -126,6 +126,9 @@ class Replicas:
         took it; else the metrics say which did (`sync/engines_synced`) and which are fenced."""
         if cfg.delta:
             raise ValueError(f"SyncConfig.delta={cfg.delta}: delta sync into several engines is not supported")
+        if cfg.transport == "direct" and len(self.engines) > 1:  # it would write engine 0's parameters only
+            raise ValueError(f"transport='direct' writes into one engine's own parameters, not {len(self.engines)} "
+                             "engines: sync replicas with 'colocated' or 'distributed'")
         t0, version = time.perf_counter(), weight_version or f"v{self.synced + 1}"
         spec = _checked_expected(self.engines[0], ())
         attempts, errors = 0, []

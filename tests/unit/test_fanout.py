@@ -66,3 +66,20 @@ def test_replicas_want_distinct_engines():
         Replicas([m, m])
     with pytest.raises(ValueError, match="engines=\\[\\]"):
         Replicas([])
+
+
+def test_replicas_refuse_a_sync_that_reaches_one_engine_only_before_any_call():
+    """`direct` writes into one engine's own parameters (an EngineGroup answers with the first member's files),
+    and a delta is computed against one engine's copy: several engines are refused, nothing asked of them."""
+    from labkit.sync import SyncConfig
+
+    members = [Member(), Member()]
+    r = Replicas(members)
+    try:
+        with pytest.raises(ValueError, match="transport='direct' .* 2 engines"):
+            r.sync(None, SyncConfig(transport="direct", progress=False))
+        with pytest.raises(ValueError, match="SyncConfig.delta=2"):
+            r.sync(None, SyncConfig(delta=2, progress=False))
+        assert all(not m.calls for m in members) and r.synced == 0
+    finally:
+        r.close()
