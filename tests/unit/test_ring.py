@@ -143,3 +143,21 @@ def test_the_engine_connects_to_labkit_ring_sockets_only():
     with pytest.raises(ValueError, match="not a labkit ring socket"):
         ring.check_path(d + "/other.sock")
     shutil.rmtree(d)
+
+
+def test_the_ring_directories_of_dead_trainers_are_swept_and_the_living_ones_kept(tmp_path):
+    """A SIGKILLed trainer leaves its ring directory behind; the next trainer's first ring removes it."""
+    import os
+    import subprocess
+    import sys
+
+    from labkit.sync.transports.ring import PREFIX, sweep_dead
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # its pid is now free (nothing in this test reuses it)
+    dead, alive = tmp_path / f"{PREFIX}{child.pid}-abc", tmp_path / f"{PREFIX}{os.getpid()}-def"
+    other = tmp_path / "labkit_ring_12_xyz"  # not in the pid form: never touched
+    for d in (dead, alive, other):
+        d.mkdir()
+    assert sweep_dead(str(tmp_path), force=True) == [str(dead)]
+    assert not dead.exists() and alive.exists() and other.exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import tempfile
@@ -17,13 +18,17 @@ from labkit.engine.errors import EngineError, EngineUnreachable
 
 ACCEPT_POLL_S = 0.05  # how often the wait for the engine's connection looks at the call (did it fail first?)
 ABORT_WAIT_S = 10.0  # after giving up, how long the call may take to end (it sees the socket close at once)
+PREFIX = "labkit_ring_pid-"  # + the trainer's pid + "-": whose directory it is, for `sweep_dead` (mkdtemp's
+# random part has no "-", so no other directory reads as one of these)
+_swept = False
 
 
 class Ring:
     """One open `update_weights_from_tensor` for the whole sync, fed bucket by bucket over a Unix socket.
 
     Flow:
-    1. start: listen on `labkit_ring_*/ring.sock` (a fresh private directory), send the call (on its own
+    1. start: listen on `labkit_ring_pid-<pid>-*/ring.sock` (a fresh private directory; those of dead trainers are
+       removed first, `sweep_dead`), send the call (on its own
        thread: it returns when the sync's last bucket is applied) naming the socket and the bucket count, wait
        for the engine to connect;
     2. send, per bucket: the payload its own call would have carried (serialized bytes), then wait for the
@@ -36,7 +41,8 @@ class Ring:
 
     def __init__(self, engine, serializer, buckets: int, timeout_s: float):
         self.timeout_s, self.buckets, self.acked = timeout_s, buckets, 0
-        self.dir = Path(tempfile.mkdtemp(prefix="labkit_ring_"))  # 0700: only this user connects
+        sweep_dead()
+        self.dir = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))  # 0700: only this user connects
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.conn: socket.socket | None = None
         self.call: Future | None = None
@@ -120,3 +126,34 @@ class Ring:
                 s.close()
         self.thread.shutdown(wait=False)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def sweep_dead(root: str | None = None, force: bool = False) -> list[str]:
+    """Remove this user's ring directories whose trainer process is gone (once per process unless `force`): a
+    SIGKILLed trainer never reaches `_close`, and its empty `labkit_ring_*` directory stayed in the temp
+    directory for good. Returns the directories removed."""
+    global _swept
+    if _swept and not force:
+        return []
+    _swept = True
+    gone = []
+    for d in Path(root or tempfile.gettempdir()).glob(f"{PREFIX}*-*"):
+        pid = d.name[len(PREFIX):].split("-", 1)[0]
+        try:
+            if not pid.isdigit() or d.stat().st_uid != os.getuid() or _alive(int(pid)):
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        gone.append(str(d))
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
