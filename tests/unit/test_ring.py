@@ -151,13 +151,15 @@ def test_the_ring_directories_of_dead_trainers_are_swept_and_the_living_ones_kep
     import subprocess
     import sys
 
-    from labkit.sync.transports.ring import PREFIX, sweep_dead
+    from labkit.sync.transports.ring import PREFIX, _pid_ns, sweep_dead
 
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()  # its pid is now free (nothing in this test reuses it)
-    dead, alive = tmp_path / f"{PREFIX}{child.pid}-abc", tmp_path / f"{PREFIX}{os.getpid()}-def"
+    ns = _pid_ns()
+    dead, alive = tmp_path / f"{PREFIX}{ns}.{child.pid}-abc", tmp_path / f"{PREFIX}{ns}.{os.getpid()}-def"
+    elsewhere = tmp_path / f"{PREFIX}1.{child.pid}-ghi"  # another pid namespace (a container): its pids unseen
     other = tmp_path / "labkit_ring_12_xyz"  # not in the pid form: never touched
-    for d in (dead, alive, other):
+    for d in (dead, alive, elsewhere, other):
         d.mkdir()
     assert sweep_dead(str(tmp_path), force=True) == [str(dead)]
-    assert not dead.exists() and alive.exists() and other.exists()
+    assert not dead.exists() and alive.exists() and elsewhere.exists() and other.exists()

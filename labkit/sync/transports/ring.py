@@ -18,7 +18,7 @@ from labkit.engine.errors import EngineError, EngineUnreachable
 
 ACCEPT_POLL_S = 0.05  # how often the wait for the engine's connection looks at the call (did it fail first?)
 ABORT_WAIT_S = 10.0  # after giving up, how long the call may take to end (it sees the socket close at once)
-PREFIX = "labkit_ring_pid-"  # + the trainer's pid + "-": whose directory it is, for `sweep_dead` (mkdtemp's
+PREFIX = "labkit_ring_pid-"  # + "<pid namespace>.<pid>-": whose directory it is, for `sweep_dead` (mkdtemp's
 # random part has no "-", so no other directory reads as one of these)
 _swept = False
 
@@ -42,7 +42,7 @@ class Ring:
     def __init__(self, engine, serializer, buckets: int, timeout_s: float):
         self.timeout_s, self.buckets, self.acked = timeout_s, buckets, 0
         sweep_dead()
-        self.dir = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))  # 0700: only this user connects
+        self.dir = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{_pid_ns()}.{os.getpid()}-"))  # 0700: only this user connects
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.conn: socket.socket | None = None
         self.call: Future | None = None
@@ -131,14 +131,15 @@ class Ring:
 def sweep_dead(root: str | None = None, force: bool = False) -> list[str]:
     """Remove this user's ring directories whose trainer process is gone (once per process unless `force`): a
     SIGKILLed trainer never reaches `_close`, and its empty `labkit_ring_*` directory stayed in the temp
-    directory for good. Returns the directories removed."""
+    directory for good. Only directories made in this process's pid namespace are judged: a trainer in another
+    container sharing the temp directory has pids this one cannot see. Returns the directories removed."""
     global _swept
-    if _swept and not force:
+    if (_swept and not force) or _pid_ns() == "0":
         return []
     _swept = True
     gone = []
-    for d in Path(root or tempfile.gettempdir()).glob(f"{PREFIX}*-*"):
-        pid = d.name[len(PREFIX):].split("-", 1)[0]
+    for d in Path(root or tempfile.gettempdir()).glob(f"{PREFIX}{_pid_ns()}.*-*"):
+        pid = d.name[len(PREFIX):].split("-", 1)[0].split(".", 1)[1]
         try:
             if not pid.isdigit() or d.stat().st_uid != os.getuid() or _alive(int(pid)):
                 continue
@@ -157,3 +158,11 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # someone else's process: alive
         return True
     return True
+
+
+def _pid_ns() -> str:
+    """This process's pid namespace ("0" where /proc does not say: nothing is swept then)."""
+    try:
+        return os.readlink("/proc/self/ns/pid").removeprefix("pid:[").removesuffix("]")
+    except OSError:
+        return "0"
