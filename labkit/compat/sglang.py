@@ -21,6 +21,7 @@ import os
 import sys
 from pathlib import Path
 
+from labkit import pids
 from labkit.compat import SUPPORTED, check_version
 
 SUPPORTED_SGLANG = SUPPORTED["sglang"][0]
@@ -110,16 +111,6 @@ def _held_paths() -> set[str]:
     return held
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def cleanup_shm(own_pid: int | None = None) -> list[str]:
     """Remove SGLang's leftover /dev/shm files that no live process holds (open or mapped).
 
@@ -140,7 +131,7 @@ def cleanup_shm(own_pid: int | None = None) -> list[str]:
             if len(parts) < 3 or not parts[1].isdigit():
                 continue
             pid = int(parts[1])
-            if pid != own_pid and _pid_alive(pid):
+            if pid != own_pid and pids.alive(pid):
                 continue
         elif not name.startswith(SHM_PREFIXES):
             continue

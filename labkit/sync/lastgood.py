@@ -24,6 +24,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from labkit import pids
 from labkit.sync import bucket as bk
 
 ALIGN = 64
@@ -288,18 +289,8 @@ def _remove_orphans(root: Path) -> None:
     """Copies left by drivers that died without closing their store (their pid is gone)."""
     for d in root.glob("labkit_stage_*_*"):
         pid = d.name.split("_")[2]
-        if pid.isdigit() and not _pid_alive(int(pid)):
+        if pid.isdigit() and not pids.alive(int(pid)):
             shutil.rmtree(d, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
 
 
 def model_dir_tensors(model_dir: str, dtype: str) -> dict[str, torch.Tensor]:

@@ -11,7 +11,7 @@ PKG = Path(__file__).resolve().parents[2] / "labkit"
 
 # Floors, bottom to top (the first matching prefix wins). Same floor = allowed both ways, but no cycles.
 FLOORS = [
-    ("labkit.compat", 0), ("labkit.config", 0), ("labkit.failpoints", 0), ("labkit.doctor", 0),
+    ("labkit.compat", 0), ("labkit.config", 0), ("labkit.failpoints", 0), ("labkit.pids", 0), ("labkit.doctor", 0),
     ("labkit.cluster", 0),
     ("labkit.models", 1), ("labkit.tasks", 1),  # a task batches with the model's tokenizer
     ("labkit.engine", 2), ("labkit.trainer", 2),

@@ -151,11 +151,12 @@ def test_the_ring_directories_of_dead_trainers_are_swept_and_the_living_ones_kep
     import subprocess
     import sys
 
-    from labkit.sync.transports.ring import PREFIX, _pid_ns, sweep_dead
+    from labkit.pids import namespace
+    from labkit.sync.transports.ring import PREFIX, sweep_dead
 
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()  # its pid is now free (nothing in this test reuses it)
-    ns = _pid_ns()
+    ns = namespace()
     dead, alive = tmp_path / f"{PREFIX}{ns}.{child.pid}-abc", tmp_path / f"{PREFIX}{ns}.{os.getpid()}-def"
     elsewhere = tmp_path / f"{PREFIX}1.{child.pid}-ghi"  # another pid namespace (a container): its pids unseen
     other = tmp_path / "labkit_ring_12_xyz"  # not in the pid form: never touched

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from labkit import pids
 from labkit.engine import ring
 from labkit.engine.config import APPLY_FORMAT
 from labkit.engine.errors import EngineError, EngineUnreachable
@@ -42,7 +43,8 @@ class Ring:
     def __init__(self, engine, serializer, buckets: int, timeout_s: float):
         self.timeout_s, self.buckets, self.acked = timeout_s, buckets, 0
         sweep_dead()
-        self.dir = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{_pid_ns()}.{os.getpid()}-"))  # 0700: only this user connects
+        # 0700: only this user connects
+        self.dir = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{pids.namespace()}.{os.getpid()}-"))
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.conn: socket.socket | None = None
         self.call: Future | None = None
@@ -134,35 +136,17 @@ def sweep_dead(root: str | None = None, force: bool = False) -> list[str]:
     directory for good. Only directories made in this process's pid namespace are judged: a trainer in another
     container sharing the temp directory has pids this one cannot see. Returns the directories removed."""
     global _swept
-    if (_swept and not force) or _pid_ns() == "0":
+    if (_swept and not force) or pids.namespace() == "0":
         return []
     _swept = True
     gone = []
-    for d in Path(root or tempfile.gettempdir()).glob(f"{PREFIX}{_pid_ns()}.*-*"):
+    for d in Path(root or tempfile.gettempdir()).glob(f"{PREFIX}{pids.namespace()}.*-*"):
         pid = d.name[len(PREFIX):].split("-", 1)[0].split(".", 1)[1]
         try:
-            if not pid.isdigit() or d.stat().st_uid != os.getuid() or _alive(int(pid)):
+            if not pid.isdigit() or d.stat().st_uid != os.getuid() or pids.alive(int(pid)):
                 continue
         except OSError:
             continue
         shutil.rmtree(d, ignore_errors=True)
         gone.append(str(d))
     return gone
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
-
-
-def _pid_ns() -> str:
-    """This process's pid namespace ("0" where /proc does not say: nothing is swept then)."""
-    try:
-        return os.readlink("/proc/self/ns/pid").removeprefix("pid:[").removesuffix("]")
-    except OSError:
-        return "0"
