@@ -28,8 +28,8 @@ class Ring:
     """One open `update_weights_from_tensor` for the whole sync, fed bucket by bucket over a Unix socket.
 
     Flow:
-    1. start: listen on `labkit_ring_pid-<pid>-*/ring.sock` (a fresh private directory; those of dead trainers are
-       removed first, `sweep_dead`), send the call (on its own
+    1. start: listen on `labkit_ring_pid-<pid namespace>.<pid>-*/ring.sock` (a fresh private directory; those
+       of dead trainers are removed first, `sweep_dead`), send the call (on its own
        thread: it returns when the sync's last bucket is applied) naming the socket and the bucket count, wait
        for the engine to connect;
     2. send, per bucket: the payload its own call would have carried (serialized bytes), then wait for the
