@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 
 def alive(pid: int) -> bool:
@@ -24,3 +25,29 @@ def namespace() -> str:
         return os.readlink("/proc/self/ns/pid").removeprefix("pid:[").removesuffix("]")
     except OSError:
         return "0"
+
+
+def owner_tag() -> str:
+    """`pid-<namespace>.<pid>`: what a directory this process makes carries in its name, so that `dead` can
+    judge it later. Put it between a fixed prefix and a "-" (mkdtemp's random part has no "-")."""
+    return f"pid-{namespace()}.{os.getpid()}"
+
+
+def dead(root: str | os.PathLike, prefix: str) -> list[Path]:
+    """Entries of `root` named `<prefix>pid-<namespace>.<pid>-…` (see `owner_tag`) whose process is gone, made
+    in this process's pid namespace by this user. Any other entry is left out: one made in another namespace
+    (a container sharing /dev/shm or /tmp, whose pids this one cannot see: `alive` would call a live owner
+    dead and a sweep would delete its files), another user's, or one not named in this form. Nothing is
+    judged where the namespace is unknown."""
+    ns = namespace()
+    if ns == "0":
+        return []
+    out, head = [], f"{prefix}pid-{ns}."
+    for d in Path(root).glob(f"{head}*-*"):
+        pid = d.name[len(head):].split("-", 1)[0]
+        try:
+            if pid.isdigit() and d.stat().st_uid == os.getuid() and not alive(int(pid)):
+                out.append(d)
+        except OSError:  # gone meanwhile
+            continue
+    return sorted(out)

@@ -28,6 +28,7 @@ from labkit import pids
 from labkit.sync import bucket as bk
 
 ALIGN = 64
+STAGE_PREFIX = "labkit_stage_"  # + `pids.owner_tag()` + "-": whose copies they are, for `_remove_orphans`
 
 
 class Writer:
@@ -209,7 +210,7 @@ class Store:
     def __init__(self, root: str | os.PathLike | None = None, spare: bool = True):
         root = Path(root or default_root())
         _remove_orphans(root)
-        self.root = Path(tempfile.mkdtemp(prefix=f"labkit_stage_{os.getpid()}_", dir=root))
+        self.root = Path(tempfile.mkdtemp(prefix=f"{STAGE_PREFIX}{pids.owner_tag()}-", dir=root))
         self.good: dict | None = None  # {"path"|"model_dir", "version", "checksums"}
         self.spare: str | None = None  # a superseded copy's directory, no longer a copy, written over next
         self.keep_spare = spare
@@ -286,11 +287,10 @@ def _names(good: dict) -> set[str]:
 
 
 def _remove_orphans(root: Path) -> None:
-    """Copies left by drivers that died without closing their store (their pid is gone)."""
-    for d in root.glob("labkit_stage_*_*"):
-        pid = d.name.split("_")[2]
-        if pid.isdigit() and not pids.alive(int(pid)):
-            shutil.rmtree(d, ignore_errors=True)
+    """Copies left by drivers of this pid namespace that died without closing their store (`pids.dead`: a
+    driver in another container sharing /dev/shm keeps its copy, though its pid is not seen from here)."""
+    for d in pids.dead(root, STAGE_PREFIX):
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def model_dir_tensors(model_dir: str, dtype: str) -> dict[str, torch.Tensor]:

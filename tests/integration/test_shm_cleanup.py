@@ -73,7 +73,7 @@ def _ours(new: set[str], pids: set[int]) -> list[str]:
             if pid.isdigit() and int(pid) in pids:
                 out.append(name)
         elif name.startswith(SHM_PREFIXES[1:]):
-            pid = name.split("_")[2] if name.startswith("labkit_stage_") else ""
+            pid = name.split(".", 1)[-1].split("-", 1)[0] if name.startswith("labkit_stage_pid-") else ""
             if not pid.isdigit() or int(pid) in pids:
                 out.append(name)
     return out

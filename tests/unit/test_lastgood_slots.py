@@ -77,3 +77,25 @@ def test_a_sync_that_turns_the_spare_off_frees_it(tmp_path):
     store.promote(lastgood.write(store.staging(), {"x": torch.zeros(2)}, "v2"), "v2", {})
     assert store.spare == p1
     assert store.staging(spare=False) != p1 and not os.path.exists(p1)  # SyncConfig(stage_spare=False)
+
+
+def test_a_new_store_removes_the_copies_of_dead_drivers_of_its_pid_namespace_only(tmp_path):
+    """A SIGKILLed driver leaves a model's worth of tmpfs behind; the next store removes it. A copy made in
+    another pid namespace (a container sharing /dev/shm) is kept: its live driver's pid is not seen from here,
+    and removing it would take that driver's rollback copy away mid-run."""
+    import subprocess
+    import sys
+
+    from labkit.pids import namespace
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # its pid is now free
+    ns, pre = namespace(), lastgood.STAGE_PREFIX
+    dead, alive = tmp_path / f"{pre}pid-{ns}.{child.pid}-a", tmp_path / f"{pre}pid-{ns}.{os.getpid()}-b"
+    elsewhere, old_form = tmp_path / f"{pre}pid-1.{child.pid}-c", tmp_path / f"{pre}{child.pid}_d"
+    for d in (dead, alive, elsewhere, old_form):
+        (d / "s1").mkdir(parents=True)
+    store = lastgood.Store(tmp_path)
+    assert store.root.name.startswith(f"{pre}pid-{ns}.{os.getpid()}-")
+    assert not dead.exists() and alive.exists() and elsewhere.exists() and old_form.exists()
+    store.close()

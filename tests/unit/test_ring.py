@@ -157,8 +157,8 @@ def test_the_ring_directories_of_dead_trainers_are_swept_and_the_living_ones_kep
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()  # its pid is now free (nothing in this test reuses it)
     ns = namespace()
-    dead, alive = tmp_path / f"{PREFIX}{ns}.{child.pid}-abc", tmp_path / f"{PREFIX}{ns}.{os.getpid()}-def"
-    elsewhere = tmp_path / f"{PREFIX}1.{child.pid}-ghi"  # another pid namespace (a container): its pids unseen
+    dead, alive = tmp_path / f"{PREFIX}pid-{ns}.{child.pid}-abc", tmp_path / f"{PREFIX}pid-{ns}.{os.getpid()}-def"
+    elsewhere = tmp_path / f"{PREFIX}pid-1.{child.pid}-ghi"  # another pid namespace (a container): its pids unseen
     other = tmp_path / "labkit_ring_12_xyz"  # not in the pid form: never touched
     for d in (dead, alive, elsewhere, other):
         d.mkdir()

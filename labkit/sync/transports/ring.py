@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import tempfile
@@ -19,8 +18,7 @@ from labkit.engine.errors import EngineError, EngineUnreachable
 
 ACCEPT_POLL_S = 0.05  # how often the wait for the engine's connection looks at the call (did it fail first?)
 ABORT_WAIT_S = 10.0  # after giving up, how long the call may take to end (it sees the socket close at once)
-PREFIX = "labkit_ring_pid-"  # + "<pid namespace>.<pid>-": whose directory it is, for `sweep_dead` (mkdtemp's
-# random part has no "-", so no other directory reads as one of these)
+PREFIX = "labkit_ring_"  # + `pids.owner_tag()` + "-": whose directory it is, for `sweep_dead`
 _swept = False
 
 
@@ -28,8 +26,8 @@ class Ring:
     """One open `update_weights_from_tensor` for the whole sync, fed bucket by bucket over a Unix socket.
 
     Flow:
-    1. start: listen on `labkit_ring_pid-<pid namespace>.<pid>-*/ring.sock` (a fresh private directory; those
-       of dead trainers are removed first, `sweep_dead`), send the call (on its own
+    1. start: listen on `labkit_ring_pid-<pid namespace>.<pid>-*/ring.sock` (`pids.owner_tag`: a fresh private
+       directory; those of dead trainers are removed first, `sweep_dead`), send the call (on its own
        thread: it returns when the sync's last bucket is applied) naming the socket and the bucket count, wait
        for the engine to connect;
     2. send, per bucket: the payload its own call would have carried (serialized bytes), then wait for the
@@ -44,7 +42,7 @@ class Ring:
         self.timeout_s, self.buckets, self.acked = timeout_s, buckets, 0
         sweep_dead()
         # 0700: only this user connects
-        self.dir = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{pids.namespace()}.{os.getpid()}-"))
+        self.dir = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{pids.owner_tag()}-"))
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.conn: socket.socket | None = None
         self.call: Future | None = None
@@ -136,17 +134,10 @@ def sweep_dead(root: str | None = None, force: bool = False) -> list[str]:
     directory for good. Only directories made in this process's pid namespace are judged: a trainer in another
     container sharing the temp directory has pids this one cannot see. Returns the directories removed."""
     global _swept
-    if (_swept and not force) or pids.namespace() == "0":
+    if _swept and not force:
         return []
     _swept = True
-    gone = []
-    for d in Path(root or tempfile.gettempdir()).glob(f"{PREFIX}{pids.namespace()}.*-*"):
-        pid = d.name[len(PREFIX):].split("-", 1)[0].split(".", 1)[1]
-        try:
-            if not pid.isdigit() or d.stat().st_uid != os.getuid() or pids.alive(int(pid)):
-                continue
-        except OSError:
-            continue
+    gone = pids.dead(root or tempfile.gettempdir(), PREFIX)
+    for d in gone:
         shutil.rmtree(d, ignore_errors=True)
-        gone.append(str(d))
-    return gone
+    return [str(d) for d in gone]
