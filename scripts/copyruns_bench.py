@@ -14,10 +14,41 @@ import time
 from pathlib import Path
 
 import torch
+from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from labkit.engine import copyplan  # noqa: E402
-from tests.unit.test_copyruns import Experts, _bucket, _moe_names  # noqa: E402
+from labkit.engine import apply, copyplan  # noqa: E402
+
+
+class Experts(nn.Module):
+    """One MoE layer's experts as SGLang's FusedMoE holds them (w13 [E, 2I, H], w2 [E, H, I]), answering
+    `param_view` for HF-like names `gate.<e>`, `up.<e>`, `down.<e>` as labkit's models do."""
+
+    def __init__(self, experts: int, inter: int, hidden: int, dtype: torch.dtype, device: str):
+        super().__init__()
+        self.i = inter
+        self.w13 = nn.Parameter(torch.zeros(experts, 2 * inter, hidden, dtype=dtype, device=device), False)
+        self.w2 = nn.Parameter(torch.zeros(experts, hidden, inter, dtype=dtype, device=device), False)
+
+    def param_view(self, name: str):
+        kind, _, e = name.partition(".")
+        if kind == "down":
+            return "w2", self.w2.data[int(e)]
+        return "w13", self.w13.data[int(e)].narrow(0, 0 if kind == "gate" else self.i, self.i)
+
+
+def _bucket(m: Experts) -> tuple[str, torch.Tensor]:
+    """(layout key, flat uint8 bucket) of every expert's gate, up and down, random, in plan order."""
+    g, entries, parts, off = torch.Generator().manual_seed(0), [], [], 0
+    for e in range(m.w13.shape[0]):
+        for kind in ("gate", "up", "down"):
+            name = f"{kind}.{e}"
+            t = torch.randn(tuple(m.param_view(name)[1].shape), generator=g).to(m.w13.device, m.w13.dtype)
+            raw = t.view(-1).view(torch.uint8)
+            entries.append((name, str(t.dtype).removeprefix("torch."), tuple(t.shape), off, off + raw.numel()))
+            parts.append(raw)
+            off += raw.numel()
+    return apply.layout_key(entries), torch.cat(parts)
 
 
 def main() -> None:
@@ -29,8 +60,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--reps", type=int, default=20)
     a = ap.parse_args()
-    m = Experts(a.experts, a.inter, a.hidden, 0, getattr(torch, a.dtype), a.device)
-    key, flat, _ = _bucket(m, _moe_names(range(a.experts)))
+    m = Experts(a.experts, a.inter, a.hidden, getattr(torch, a.dtype), a.device)
+    key, flat = _bucket(m)
     in_plan = len(copyplan.plan_for(m, key).runs)  # what labkit's plan does here (on a GPU: GPU_MERGE_BELOW)
     copyplan.GPU_MERGE_BELOW, copyplan._plans = float("inf"), {}  # time every progression merged
     plan = copyplan.plan_for(m, key)
