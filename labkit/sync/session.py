@@ -16,8 +16,7 @@ is bounded by `timeout_s`; named failpoints (labkit.failpoints) mark where `labk
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from tqdm.auto import tqdm
@@ -25,65 +24,18 @@ from tqdm.auto import tqdm
 from labkit import failpoints as fp
 from labkit.sync import bucket as bk
 from labkit.sync import hooks as hk
+from labkit.sync import inflight
 from labkit.sync import lastgood
 from labkit.sync.config import SyncConfig
 from labkit.sync.delta import DeltaState
 from labkit.sync.memory import PeakRSS, extra_at_peak
 from labkit.sync.plan import Bucket, Plan, check_coverage, excluding, make_plan, metas_of
-from labkit.sync.transport import Mappings, Transport, make, where
-
-PHASES = ("gather", "pack", "encode", "transfer", "load", "verify", "stage", "session", "setup")
+from labkit.sync.transport import Mappings, make, where
 
 
 def _sync_device() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-
-
-@dataclass
-class _State:
-    """One sync in flight: its phase timings, the bucket still loading, the memory it added."""
-
-    cfg: SyncConfig
-    t_start: float = field(default_factory=time.perf_counter)
-    phases: dict = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
-    plan: Plan | None = None
-    transport: Transport | None = None
-    delta: DeltaState | None = None  # cfg.delta: the copy of what the engine holds (labkit.sync.delta)
-    unverified: list[str] | None = None
-    device: str = "cpu"
-    release: bool = False  # the KV cache is released while weights are in flight
-    cold: bool = False  # planned or allocated buffers this time (a warm sync replays both)
-    version: str = ""
-    extra: int = 0  # the reusable flat buffers (or, per tensor, one cast copy in flight)
-    peak: int = 0
-    worker: ThreadPoolExecutor | None = None
-    pending: Future | None = None  # the previous bucket's send, still loading
-    pending_b: Bucket | None = None
-    rss: PeakRSS | None = None  # resident memory over prepare + stream (labkit.sync.memory)
-    held: list = field(default_factory=list)  # reusable buffer pools already resident when the sync began
-    measured: int | None = None  # sync/peak_extra_bytes_measured
-    nodes: dict = field(default_factory=dict)  # where trainer and engine run (labkit.sync.transport.where)
-    stage: lastgood.Writer | None = None  # the rollback copy buckets are packed into (guarded, bucketed, CPU)
-
-    def timed(self, phase: str, fn, *args):
-        t0 = time.perf_counter()
-        try:
-            return fn(*args)
-        finally:
-            self.phases[phase] += time.perf_counter() - t0
-
-    def collect(self) -> None:
-        """Wait for the previous bucket to land; add the transport's own timings."""
-        if self.pending is not None:
-            for k, v in self.pending.result().items():
-                self.phases[k] += v
-            self.pending = None
-
-    def note_peak(self, b: Bucket) -> None:
-        """Oversize buckets travel alone in a buffer of their own, on top of the reusable ones."""
-        in_flight = self.pending_b.nbytes if self.pending is not None and self.pending_b.oversize else 0
-        self.peak = max(self.peak, self.extra + (b.nbytes if b.oversize else 0) + in_flight)
 
 
 class Syncer:
@@ -113,7 +65,7 @@ class Syncer:
             weight_version: str | None = None, exclude: tuple[str, ...] = ()) -> dict:
         """prepare -> open the session -> stream the buckets -> close the session -> hooks' results -> metrics.
         `exclude`: name substrings left out on purpose (they stay unchanged and are reported unverified)."""
-        s = _State(cfg, held=self._pools())
+        s = inflight.State(cfg, held=self._pools())
         s.rss = PeakRSS().start()  # the kernel's high-water mark from here on: what the plan cannot count
         named_iter = self._prepare(s, named_iter, engine, engine_spec, tuple(exclude))  # plan, buffers, transport
         s.version = weight_version or f"v{self.version + 1}"
@@ -130,19 +82,20 @@ class Syncer:
             raise
         self._close_session(s, engine)  # end_weight_update, flush_cache, resume memory, new version
         self.version += 1
-        result = _coverage(s.unverified)
+        result = inflight.coverage(s.unverified)
         for h in hooks:  # verification, then the rollback copy made complete
             result.update(s.timed(h.phase, h.finish, engine, s.version))
         if s.delta is not None:  # a sync that did not verify leaves nothing to compute a delta against
             s.delta.drop() if result.get("sync/verified") is False else \
                 s.delta.commit(s.version, getattr(s.transport, "apply_path", "load_weights"))
-        return _metrics(s, result) | (engine.fanout_metrics() if hasattr(type(engine), "fanout_metrics") else {})
+        fanout = engine.fanout_metrics() if hasattr(type(engine), "fanout_metrics") else {}
+        return inflight.metrics(s, result) | fanout
 
     def _pools(self) -> list:
         return [p for p in (self.pool, self.delta and self.delta.pool) if p is not None]
 
     # --- prepare --------------------------------------------------------------------------------------------
-    def _prepare(self, s: _State, named_iter, engine, engine_spec: dict | None, exclude: tuple[str, ...]):
+    def _prepare(self, s: inflight.State, named_iter, engine, engine_spec: dict | None, exclude: tuple[str, ...]):
         """Plan (or replay the plan), refuse a sync that would not cover the engine, size the buffers, decide
         full or delta, make the transport."""
         cfg, excluded = s.cfg, []
@@ -181,7 +134,7 @@ class Syncer:
         s.phases["setup"] += time.perf_counter() - t_setup
         return named_iter
 
-    def _buffers(self, s: _State) -> None:
+    def _buffers(self, s: inflight.State) -> None:
         s.device = "cuda" if torch.cuda.is_available() else "cpu"
         if s.device == "cpu":
             # Handles to CPU tensors must name shm files: the default fd strategy's handshake is refused
@@ -197,14 +150,14 @@ class Syncer:
 
     # --- the session ----------------------------------------------------------------------------------------
     @staticmethod
-    def _open_session(s: _State, engine) -> None:
+    def _open_session(s: inflight.State, engine) -> None:
         t0 = time.perf_counter()
         if s.release:  # free the KV cache while weights are in flight (slime/verl choreography)
             engine.release_memory(["kv_cache"])
         engine.begin_weight_update(selector=s.cfg.selector)
         s.phases["session"] += time.perf_counter() - t0
 
-    def _stream(self, s: _State, it, engine, hooks: list[hk.Hook]) -> None:
+    def _stream(self, s: inflight.State, it, engine, hooks: list[hk.Hook]) -> None:
         """Every bucket: gather, pack, hand to the transport (on a worker thread, so the next bucket packs
         while this one loads, where `plan.overlaps` allows), then the hooks."""
         cfg, plan = s.cfg, s.plan
@@ -232,7 +185,7 @@ class Syncer:
         fp.hit("sync.end")
 
     @staticmethod
-    def _close_session(s: _State, engine) -> None:
+    def _close_session(s: inflight.State, engine) -> None:
         t0 = time.perf_counter()
         s.transport.close(engine)
         s.worker.shutdown(wait=True)
@@ -247,7 +200,7 @@ class Syncer:
         s.phases["session"] += time.perf_counter() - t0
 
     # --- buffers --------------------------------------------------------------------------------------------
-    def _pack(self, s: _State, b: Bucket, tensors: dict) -> torch.Tensor:
+    def _pack(self, s: inflight.State, b: Bucket, tensors: dict) -> torch.Tensor:
         out = s.stage.region(b.nbytes) if s.stage is not None else self._buffer(b, s.cfg, s.device)
         flat = bk.pack(b, tensors, out)
         _sync_device()
@@ -262,7 +215,7 @@ class Syncer:
         return buf
 
 
-def _abort(s: _State, engine, hooks: list[hk.Hook]) -> None:
+def _abort(s: inflight.State, engine, hooks: list[hk.Hook]) -> None:
     """A failed sync: best effort, never masking the original error (the engine may be the thing that
     failed). labkit.sync.atomic then restores the last good weights before the engine serves again."""
     if s.pending is not None:
@@ -277,35 +230,3 @@ def _abort(s: _State, engine, hooks: list[hk.Hook]) -> None:
             step()
         except Exception:
             pass
-
-
-def _coverage(unverified: list[str] | None) -> dict:
-    """Engine tensors left unchanged on purpose (`exclude`); None without the engine's tensor list."""
-    return {"sync/verified": None, "sync/unverified": None if unverified is None else unverified[:20],
-            "sync/num_unverified": None if unverified is None else len(unverified)}
-
-
-def _metrics(s: _State, result: dict) -> dict:
-    total, plan = time.perf_counter() - s.t_start, s.plan
-    out = {f"timing/sync/{k}": round(v, 6) for k, v in s.phases.items()}
-    out.update({
-        "timing/sync/total": round(total, 6),
-        "sync/transport": s.cfg.transport,
-        "sync/cold": s.cold,  # True: this sync's setup planned or allocated, a one-off an RL loop pays once
-        "sync/bytes": plan.total_bytes,
-        "sync/num_tensors": len(plan.tensors),
-        "sync/num_buckets": len(plan.buckets),
-        "sync/bucket_bytes": plan.bucket_bytes,
-        "sync/gbps": round(plan.total_bytes / max(total - s.phases["verify"], 1e-9) / 1e9, 4),
-        "sync/peak_extra_bytes": s.peak,
-        "sync/peak_extra_bytes_measured": s.measured,
-        "sync/largest_tensor_bytes": plan.largest_tensor_bytes,
-        "sync/weight_version": s.version,
-        "sync/port_retries": s.transport.port_retries,
-        "sync/apply_path": getattr(s.transport, "apply_path", "load_weights"),  # labkit.engine.loader.apply_path
-        **({"sync/direct_share": s.transport.share} if s.cfg.transport == "direct" else {}),
-        **s.nodes,
-        **(s.delta.metrics() if s.delta is not None else {"sync/wire_bytes": plan.total_bytes}),
-        **result,
-    })
-    return out

@@ -257,7 +257,7 @@ def test_sync_explorer_refuses_a_press_while_a_sync_runs():
 
 def test_the_phase_stack_draws_every_phase_a_sync_times():
     """Issue 17: the stack left out setup (~0.31 s of a 1.4 s sync), so the bars did not add up to the wall."""
-    from labkit.sync.session import PHASES
+    from labkit.sync.inflight import PHASES
 
     assert set(viz.PHASES) == set(PHASES)
     fig = viz.sync_phases([{**_sync_metrics(), "sync/cold": True}, {**_sync_metrics(), "sync/cold": False}])
