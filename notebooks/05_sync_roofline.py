@@ -61,8 +61,9 @@ if MIN_MB > MAX_MB:
 
 # %% [markdown]
 # The overheads, fitted from labkit's stored CPU runs (the arithmetic is printed): per bucket, the slope of
-# weight-moving time against bucket count; per tensor, what is left of the intercept once two copies of the bytes
-# are paid; per call of the per-tensor transport, its time less one copy, per tensor.
+# weight-moving time against bucket count over the sizes that hold every fused group; per tensor, what the MoE
+# preset's extra tensors add over the bench model once each run's two copies of the bytes are paid; per sync, what
+# is left of the bench model's time; per call of the per-tensor transport, its time less one copy, per tensor.
 
 # %%
 from labkit.workbench import roofline_nb as rn

@@ -220,7 +220,7 @@ def transport_rows(s: Scenario, over: Overheads, tensors: ModelTensors | None = 
     rows = []
     for t in TRANSPORTS:
         b = bound(t, mt.total_bytes, hw, s.layout)
-        extra = nb * over.per_bucket_s + mt.num_tensors * over.per_tensor_s
+        extra = over.per_sync_s + nb * over.per_bucket_s + mt.num_tensors * over.per_tensor_s
         rows.append({"transport": t, "bytes": b.bytes, "bound_s": b.seconds, "formula": b.formula, "buckets": nb,
                      "tensors": mt.num_tensors, "overhead_s": extra, "predicted_s": b.seconds + extra})
     base = bound("colocated", mt.total_bytes, hw, s.layout)

@@ -270,3 +270,14 @@ def count_buckets(tensors: Iterable[TensorMeta], bucket_bytes: int) -> int:
         else:
             held, cur = True, cur + size
     return n + held
+
+
+def largest_group_bytes(tensors: Iterable[TensorMeta]) -> int:
+    """The largest fused group (the planner keeps one in one bucket): buckets smaller than it hold oversize
+    groups that travel alone in fresh buffers, a cost of another kind than a bucket's."""
+    sizes: dict[str, int] = {}
+    for t in {t.name: t for t in tensors}.values():
+        key = plan_group(t.name)
+        sizes[key] = sizes.get(key, 0) + t.nbytes
+    return max(sizes.values(), default=0)
+

@@ -182,8 +182,9 @@ def roofline_models_table(run: dict) -> list[str]:
             f"least 8) whose HBM holds the trainer's state ({ref['trainer_bytes_per_param']} bytes per parameter) in "
             "80 % of it, trainer and engine colocated; engine TP: the fewest holding the weights in half their HBM "
             "(each GPU copies its 1/TP; P2P delivers one copy per replica). NVLink broadcast: as if every receiver "
-            "shared the sender's NVLink domain (beyond a node, a floor). Predicted = bound + buckets × "
-            f"{over['per_bucket_s'] * 1e3:.2f} ms + tensors × {over['per_tensor_s'] * 1e3:.3f} ms: "
+            "shared the sender's NVLink domain (beyond a node, a floor). Predicted = bound + "
+            f"{over.get('per_sync_s', 0.0) * 1e3:.1f} ms per sync + buckets × {over['per_bucket_s'] * 1e3:.2f} ms + "
+            f"tensors × {over['per_tensor_s'] * 1e6:.1f} µs: "
             f"{over['measured_on']} ({over['derivation']}).")
     return lines + ["", note]
 

@@ -59,7 +59,7 @@ def run(s: rf.Scenario = REFERENCE, over: rf.Overheads | None = None) -> dict:
         "roofline/scenario": {**{f.name: getattr(s, f.name) for f in dataclasses.fields(s) if f.name != "layout"},
                               "layout": dataclasses.asdict(s.layout)},
         "roofline/overheads": {k: getattr(over, k) for k in ("per_bucket_s", "per_tensor_s", "per_call_s",
-                                                             "measured_on", "derivation")},
+                                                             "per_sync_s", "measured_on", "derivation")},
         "roofline/hardware": {k: dataclasses.asdict(h) for k, h in rf.HARDWARE.items()},
         "roofline/reference": {"hardware": ref.hardware, "weights": ref.weights, "bucket_mb": ref.bucket_mb,
                                "trainer_bytes_per_param": rf.TRAINER_BYTES_PER_PARAM},
@@ -190,15 +190,17 @@ def _nearest(mb: float, min_mb: float, max_mb: float) -> float:
 
 
 def _cpu_panel(fig, over: rf.Overheads, curve_run: dict, bench_run: dict) -> None:
-    """The fit `rf.fit_overheads` made: two copies of the bytes at the run's memcpy rate + tensors + buckets."""
+    """The fit `rf.fit_overheads` made: two copies of the bytes at the run's memcpy rate + the sync + tensors +
+    buckets."""
     bench = model_tensors("bench", "fp32")
     rows = sorted(curve_run["tune/curve"], key=lambda r: r["bucket_bytes"])
     x = [r["bucket_bytes"] / MB for r in rows]
-    fixed = bench.num_tensors * over.per_tensor_s + 2 * bench.total_bytes / (bench_run["bench/memcpy_gbps"] * rf.GB)
+    fixed = (over.per_sync_s + bench.num_tensors * over.per_tensor_s
+             + 2 * bench.total_bytes / (bench_run["bench/memcpy_gbps"] * rf.GB))
     fig.add_scatter(x=x, y=[r["seconds"] for r in rows], mode="markers", name="CPU measured (notebook 04)",
                     marker=dict(color="black", size=9), row=1, col=2)
     fig.add_scatter(x=x, y=[fixed + over.per_bucket_s * rf.count_buckets(bench.tensors, r["bucket_bytes"])
-                            for r in rows], mode="lines", name="fitted: bytes + tensors + buckets",
+                            for r in rows], mode="lines", name="fitted: bytes + sync + tensors + buckets",
                     line=dict(color="black", dash="dot"), row=1, col=2)
 
 
