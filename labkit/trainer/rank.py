@@ -20,8 +20,9 @@ from labkit.compat import megatron as compat
 from labkit.config import ParallelSpec, TrainConfig
 from labkit.models.hf import load_hf_config
 from labkit.trainer import bridge as fixes  # called as fixes.export_unique: tests swap it inside the actor
+from labkit.trainer import steps
 from labkit.trainer.clip import clip_by_group
-from labkit.trainer.mtp_loss import capture_mtp, detach_trunk, freeze_mtp, policy_loss
+from labkit.trainer.mtp_loss import detach_trunk, freeze_mtp
 
 
 def _init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, parallel: ParallelSpec,
@@ -131,11 +132,11 @@ class TrainerRank:
             m.train()
             m.zero_grad_buffer()
         self.optimizer.zero_grad()
-        batch = _make_batch(tokens, loss_mask, weights)
+        batch = steps.make_batch(tokens, loss_mask, weights)
         n_micro = min(self.train_cfg.micro_batches, tokens.shape[0])
         micro = [{k: v.chunk(n_micro)[i] for k, v in batch.items()} for i in range(n_micro)]
         out = get_forward_backward_func()(
-            forward_step_func=partial(_forward_step, total_tokens=float(batch["loss_mask"].sum().clamp(min=1)),
+            forward_step_func=partial(steps.forward_step, total_tokens=float(batch["loss_mask"].sum().clamp(min=1)),
                                       policy_scale=0.0 if mtp_only else 1.0,
                                       kl_scale=self.train_cfg.mtp_loss_scale
                                       if self.train_cfg.mtp_target != "tokens" else 0.0,
@@ -172,9 +173,9 @@ class TrainerRank:
         for m in self.models:
             m.eval()
         captured: dict = {}
-        batch = _make_batch(tokens, torch.ones_like(tokens), None)
+        batch = steps.make_batch(tokens, torch.ones_like(tokens), None)
         get_forward_backward_func()(
-            forward_step_func=partial(_logits_step, captured=captured), data_iterator=iter([batch]),
+            forward_step_func=partial(steps.logits_step, captured=captured), data_iterator=iter([batch]),
             model=self.models, num_microbatches=1, seq_length=tokens.shape[1],
             micro_batch_size=tokens.shape[0], forward_only=True)
         return captured if self._is_output_rank else None
@@ -233,70 +234,3 @@ class TrainerRank:
         prefix, shm = f"torch_{os.getpid()}_", "/dev/shm"
         left = sorted(f for f in os.listdir(shm) if f.startswith(prefix)) if os.path.isdir(shm) else []
         return {"pid": os.getpid(), "shm_left": left}
-
-
-def _make_batch(tokens, loss_mask, weights):
-    tokens = tokens.long()
-    labels = torch.roll(tokens, -1, dims=1)
-    mask = torch.roll(loss_mask.float(), -1, dims=1)  # mask marks *target* tokens; predictor is one to the left
-    mask[:, -1] = 0.0
-    w = mask if weights is None else mask * weights.float().view(-1, 1)
-    pos = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens).contiguous()
-    return {"tokens": tokens, "labels": labels, "loss_mask": mask, "weights": w, "position_ids": pos}
-
-
-def _forward_step(data_iterator, model, total_tokens: float, policy_scale: float = 1.0, kl_scale: float = 0.0,
-                  kind: str = "policy"):
-    b = next(data_iterator)
-    captured: dict = {}
-    hook = capture_mtp(model, captured) if kl_scale else None
-    try:
-        # Megatron uses loss_mask only for the MTP loss; the policy loss below applies the per-sequence weights.
-        out = model(b["tokens"], b["position_ids"], None, labels=b["labels"], loss_mask=b["loss_mask"])
-    finally:
-        if hook:
-            hook.remove()
-
-    def loss_func(output_tensor):
-        # Normalise by the whole batch's token count (not the weighted sum: advantages sum to ~0 per group) so
-        # micro-batching and PP give the same loss.
-        loss = (output_tensor.float() * b["weights"]).sum() / total_tokens
-        logs = {"lm loss": loss.detach()}
-        total = loss * policy_scale
-        if "mtp_hidden" in captured:
-            kl = policy_loss(model, captured.pop("mtp_hidden"), b["loss_mask"], kind)
-            total, logs["mtp kl"] = total + kl_scale * kl, kl.detach()
-        return total, logs
-
-    return out, loss_func
-
-
-def _logits_step(data_iterator, model, captured: dict):
-    from megatron.core.utils import unwrap_model
-
-    b = next(data_iterator)
-    inner = unwrap_model(model)
-    mtp = getattr(inner, "mtp_process", False) and inner.config.mtp_num_layers
-    hook = inner.mtp.register_forward_hook(lambda m, i, o: captured.__setitem__("_h", o)) if mtp else None
-    try:
-        # labels=None crashes GPTModel with MTP (labels.clone()); pass dummies and read the heads' hidden states.
-        dummy = torch.zeros_like(b["tokens"]) if mtp else None
-        out = model(b["tokens"], b["position_ids"], None, labels=dummy, loss_mask=dummy,
-                    runtime_gather_output=True)
-    finally:
-        if hook:
-            hook.remove()
-
-    def loss_func(output_tensor):
-        if inner.post_process:
-            if mtp:
-                w = inner.shared_embedding_or_output_weight() if inner.share_embeddings_and_output_weights else None
-                parts = torch.chunk(captured.pop("_h"), 1 + inner.config.mtp_num_layers, dim=0)
-                logits = [inner.output_layer(p, weight=w, runtime_gather_output=True)[0].transpose(0, 1).float()
-                          for p in parts]
-                captured["logits"], captured["mtp_logits"] = logits[0], logits[1:]
-            else:
-                captured["logits"], captured["mtp_logits"] = output_tensor.float(), []
-        return output_tensor.float().sum() * 0.0, {}
-
-    return out, loss_func

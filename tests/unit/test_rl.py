@@ -8,7 +8,7 @@ import torch
 from labkit.config import TrainConfig
 from labkit.mtp.experiment import ExperimentConfig, with_overrides
 from labkit.mtp.rl import RLConfig, advantages, to_batch
-from labkit.trainer.rank import _make_batch
+from labkit.trainer.steps import make_batch as _make_batch
 
 
 def test_advantages_are_normalised_within_each_group():
