@@ -63,7 +63,6 @@ class State:
         self.peak = max(self.peak, self.extra + (b.nbytes if b.oversize else 0) + in_flight)
 
 
-
 def coverage(unverified: list[str] | None) -> dict:
     """Engine tensors left unchanged on purpose (`exclude`); None without the engine's tensor list."""
     return {"sync/verified": None, "sync/unverified": None if unverified is None else unverified[:20],
@@ -71,6 +70,7 @@ def coverage(unverified: list[str] | None) -> dict:
 
 
 def metrics(s: State, result: dict) -> dict:
+    """The sync's metrics: its phases, what it moved and how, and `result` (the hooks' and verification's)."""
     total, plan = time.perf_counter() - s.t_start, s.plan
     out = {f"timing/sync/{k}": round(v, 6) for k, v in s.phases.items()}
     out.update({
