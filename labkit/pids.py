@@ -33,6 +33,15 @@ def owner_tag() -> str:
     return f"pid-{namespace()}.{os.getpid()}"
 
 
+def owner(name: str, prefix: str) -> tuple[str, int] | None:
+    """(pid namespace, pid) of an entry named `<prefix>pid-<namespace>.<pid>-…` (`owner_tag`), else None."""
+    head = f"{prefix}pid-"
+    if not name.startswith(head) or "-" not in name[len(head):]:
+        return None
+    ns, _, pid = name[len(head):].split("-", 1)[0].partition(".")
+    return (ns, int(pid)) if ns and pid.isdigit() else None
+
+
 def dead(root: str | os.PathLike, prefix: str) -> list[Path]:
     """Entries of `root` named `<prefix>pid-<namespace>.<pid>-…` (see `owner_tag`) whose process is gone, made
     in this process's pid namespace by this user. Any other entry is left out: one made in another namespace
@@ -42,11 +51,11 @@ def dead(root: str | os.PathLike, prefix: str) -> list[Path]:
     ns = namespace()
     if ns == "0":
         return []
-    out, head = [], f"{prefix}pid-{ns}."
-    for d in Path(root).glob(f"{head}*-*"):
-        pid = d.name[len(head):].split("-", 1)[0]
+    out = []
+    for d in Path(root).glob(f"{prefix}pid-{ns}.*-*"):
+        who = owner(d.name, prefix)
         try:
-            if pid.isdigit() and d.stat().st_uid == os.getuid() and not alive(int(pid)):
+            if who is not None and who[0] == ns and d.stat().st_uid == os.getuid() and not alive(who[1]):
                 out.append(d)
         except OSError:  # gone meanwhile
             continue

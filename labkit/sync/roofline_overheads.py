@@ -77,18 +77,18 @@ def fit_overheads(bench: dict, curve_run: dict, moe: dict) -> Overheads:
         copies = 2 * run["bench/model_bytes"] / (run["bench/memcpy_gbps"] * GB)
         return run["bench/colocated_seconds"] - copies - per_bucket * run["bench/num_buckets"]
 
-    extra = moe["bench/num_tensors"] - n
-    per_tensor = max(0.0, (left(moe) - left(bench)) / extra)
-    per_sync = max(0.0, left(bench) - n * per_tensor)
+    extra, left_moe, left_bench = moe["bench/num_tensors"] - n, left(moe), left(bench)
+    per_tensor = max(0.0, (left_moe - left_bench) / extra)
+    per_sync = max(0.0, left_bench - n * per_tensor)
     copy_s = nbytes / (bench["bench/memcpy_gbps"] * GB)
     per_call = max(0.0, (bench["bench/per_tensor_seconds"] - copy_s) / n)
     text = (f"per bucket = slope of weight-moving seconds vs bucket count over {len(pts)} colocated syncs of the "
             f"{nbytes / 1e6:.0f} MB, {n}-tensor bench model ({len(sweep)} bucket sizes of notebook 04 holding its "
             f"largest group, {group >> 20} MiB; {bench['bench/num_buckets']} buckets from labkit bench sync) = "
             f"{slope * 1e3:.2f} ms{' (taken as 0)' if slope < 0 else ''}; per tensor = (MoE preset's "
-            f"{left(moe):.4f} s - bench model's {left(bench):.4f} s left after two copies at each run's memcpy "
+            f"{left_moe:.4f} s - bench model's {left_bench:.4f} s left after two copies at each run's memcpy "
             f"rate and the buckets) / {extra} extra tensors = {per_tensor * 1e6:.1f} us; per sync = "
-            f"{left(bench):.4f} s - {n} x per tensor = {per_sync * 1e3:.1f} ms; per-tensor call = "
+            f"{left_bench:.4f} s - {n} x per tensor = {per_sync * 1e3:.1f} ms; per-tensor call = "
             f"({bench['bench/per_tensor_seconds']:.3f} s - {copy_s:.4f} s) / {n} = {per_call * 1e3:.1f} ms")
     return Overheads(per_bucket_s=per_bucket, per_tensor_s=per_tensor, per_call_s=per_call, per_sync_s=per_sync,
                      derivation=text, measured_on="CPU (2 cores, labkit bench sync of two models + notebook 04): "

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from labkit.pids import owner
+from labkit.sync.lastgood import STAGE_PREFIX
 from tests.integration.conftest import live
 
 pytestmark = pytest.mark.integration
@@ -73,8 +75,8 @@ def _ours(new: set[str], pids: set[int]) -> list[str]:
             if pid.isdigit() and int(pid) in pids:
                 out.append(name)
         elif name.startswith(SHM_PREFIXES[1:]):
-            pid = name.split(".", 1)[-1].split("-", 1)[0] if name.startswith("labkit_stage_pid-") else ""
-            if not pid.isdigit() or int(pid) in pids:
+            who = owner(name, STAGE_PREFIX) if name.startswith(STAGE_PREFIX) else None
+            if who is None or who[1] in pids:
                 out.append(name)
     return out
 

@@ -164,3 +164,12 @@ def test_the_ring_directories_of_dead_trainers_are_swept_and_the_living_ones_kep
         d.mkdir()
     assert sweep_dead(str(tmp_path), force=True) == [str(dead)]
     assert not dead.exists() and alive.exists() and elsewhere.exists() and other.exists()
+
+
+def test_owner_reads_namespace_and_pid_from_the_name_only_in_its_form():
+    from labkit.pids import owner
+
+    assert owner("labkit_ring_pid-4026.123-ab_c", "labkit_ring_") == ("4026", 123)
+    for name in ("labkit_ring_pid-4026.123", "labkit_ring_12_x", "labkit_ring_pid-.5-x", "labkit_ring_pid-7.x-y",
+                 "labkit_stage_pid-1.5-x"):
+        assert owner(name, "labkit_ring_") is None, name
