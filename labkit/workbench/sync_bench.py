@@ -129,6 +129,7 @@ def bench_sync(spec: ModelSpec | str = BENCH_SPEC, bucket_mb: float = 32.0, reps
         apply: dict[str, list[float]] = {t: [] for t in transports}
         e2e_runs: dict[str, dict] = {}  # the fastest end-to-end sync's metrics per transport: where its time went
         verified = []
+        mem: list[float] = []  # the memcpy reference, sampled after each transport (`reference`)
         # One transport at a time, as an RL loop runs one: a trainer keeps one plan, so alternating per-tensor
         # (bucket = 1 tensor) and bucketed syncs would re-plan every time and time cold syncs only. Unguarded
         # syncs before guarded ones: an unguarded sync moves the engine past the guard's last good copy, and the
@@ -151,9 +152,11 @@ def bench_sync(spec: ModelSpec | str = BENCH_SPEC, bucket_mb: float = 32.0, reps
                     elif t not in best or _seconds(m) < _seconds(best[t]):
                         best[t] = m
                     bar.update()
+            mem.append(memcpy_gbps(m["sync/bytes"]))
         bar.close()
         after = wb.engine.checksums()
-    out.update(_summary(best, e2e, memcpy_gbps(best["colocated"]["sync/bytes"])))
+    out.update(reference(mem))
+    out.update(_summary(best, e2e, out["bench/memcpy_gbps"]))
     out["bench/phases_end_to_end"] = {t: {k.removeprefix("timing/sync/"): round(v, 6) for k, v in m.items()
                                           if k.startswith("timing/sync/")} for t, m in e2e_runs.items()}
     out["bench/engine_apply_share"] = round(sum(apply["colocated"]) / len(apply["colocated"]), 4)
@@ -161,6 +164,18 @@ def bench_sync(spec: ModelSpec | str = BENCH_SPEC, bucket_mb: float = 32.0, reps
         out[f"bench/engine_apply_share/{t}"] = round(sum(shares) / len(shares), 4)
     out.update(verdict(verified, before, after))
     return out
+
+
+def reference(samples: list[float]) -> dict:
+    """`bench/memcpy_gbps`: the fastest of the memcpy samples taken through the run (one after each transport, the
+    engine up and idle), with every sample beside it. One sample taken after the engine shut down read 14.0-19.1
+    GB/s from run to run on the 2-core box, and every `_vs_memcpy` ratio moved with it; the best of several taken
+    where the syncs ran is the steadier reference, and the higher one, so no ratio gains from a slow sample. A
+    two-copy path (pack, apply) is bounded by half of it."""
+    if not samples:
+        raise ValueError("memcpy reference: no samples (the bench ran no transport)")
+    return {"bench/memcpy_gbps": round(max(samples), 4),
+            "bench/memcpy_gbps_samples": [round(g, 4) for g in samples]}
 
 
 def verdict(verified: list[bool], before: dict[str, str], after: dict[str, str]) -> dict:
@@ -187,7 +202,6 @@ def _summary(best: dict[str, dict], e2e: dict[str, list[float]], mem: float) -> 
         "bench/session_seconds": round(best["colocated"]["timing/sync/session"], 4),
         "bench/apply_path": best["colocated"]["sync/apply_path"],
         "bench/speedup_bucketed_vs_per_tensor": round(_seconds(best["per-tensor"]) / bucketed, 2),
-        "bench/memcpy_gbps": round(mem, 4),  # a reference: a two-copy path (pack, apply) is bounded by half
         "bench/speedup_end_to_end": round(e2e_best["per-tensor"] / min(e2e_best["colocated"],
                                                                        e2e_best["distributed"]), 2),
         "bench/phases": {t: {k.removeprefix("timing/sync/"): v for k, v in m.items() if k.startswith("timing/sync/")}

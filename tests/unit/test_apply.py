@@ -122,6 +122,15 @@ def test_bench_verdict_fails_when_the_engine_did_not_change_or_a_sync_did_not_ve
     assert verdict([], before, {"a": "09"})["bench/verified"] is False
 
 
+def test_bench_reference_is_the_fastest_memcpy_sample_and_keeps_them_all():
+    from labkit.workbench.sync_bench import reference
+
+    out = reference([14.02, 19.13, 17.5])
+    assert out == {"bench/memcpy_gbps": 19.13, "bench/memcpy_gbps_samples": [14.02, 19.13, 17.5]}
+    with pytest.raises(ValueError, match="no samples"):
+        reference([])
+
+
 def _delta(old: dict, new: dict):
     """(delta payload name, payload) taking a bucket from `old` to `new`, as labkit.sync.delta sends it."""
     key, flat_new = _bucket(new)
