@@ -13,7 +13,7 @@ from labkit.cli_io import COMMAND, emit, write_run
 from labkit.cli_research import add_research_commands
 from labkit.cluster.placement import PlacementSpec
 from labkit.compat import quiet
-from labkit.config import ParallelSpec, add_arguments, choices
+from labkit.config import ParallelSpec, add_arguments
 from labkit.engine.config import EngineConfig
 from labkit.sync.config import SyncConfig
 from labkit.workbench.serve_sync import ServeBenchConfig
@@ -235,7 +235,8 @@ def _add_tool_commands(sub) -> None:
     sub.add_parser("roofline", add_help=False,
                    help="what a sync would cost on GPUs: transport bounds, published systems (--json --out F)")
     sub.add_parser("notebook", add_help=False,
-                   help="notebooks headless (papermill): run NAME [-p KEY VALUE]... | sweep NAME -p KEY v1,v2,... | list | check")
+                   help="notebooks headless (papermill): run NAME [-p KEY VALUE]... | sweep NAME -p KEY v1,v2,... "
+                        "| list | check")
 
     d = sub.add_parser("pretrain", help="rebuild the shipped tiny MiMo checkpoint (data/tiny-mimo)")
     d.add_argument("--out", default=None)
@@ -249,9 +250,9 @@ def _add_tool_commands(sub) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["notebook"]:  # its own parser: run/sweep/list/check with repeated -p KEY VALUE
-        from labkit.workbench import notebook
+        from labkit.workbench import notebook_cli
 
-        return notebook.main(argv[1:])
+        return notebook_cli.main(argv[1:])
     if argv[:1] == ["roofline"]:  # its own parser: flags from the roofline's Scenario and Layout
         from labkit.workbench import roofline_nb
 

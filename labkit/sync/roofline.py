@@ -28,7 +28,8 @@ from typing import Literal, get_args
 from labkit.config import check, check_choice
 # count_buckets, cpu_overheads and fit_overheads are re-exported: the roofline's callers need one module.
 from labkit.sync.roofline_models import ModelTensors, Weights, count_buckets, load_config, model_tensors  # noqa: F401
-from labkit.sync.roofline_overheads import Overheads, cpu_overheads, fit_overheads  # noqa: F401
+from labkit.sync.roofline_overheads import (  # noqa: F401
+    Overheads, cpu_overheads, cpu_overheads_repeats, fit_overheads)
 
 GB, MB = 1e9, 1 << 20
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,6 +7,11 @@ notebook 04's colocated sweep of the bench model over nine bucket sizes (data/no
 alone cannot tell a per-bucket cost from a per-tensor one, nor either from a cost every sync pays once; the sweep
 sets the first, the MoE/dense pair the second, and what is left of the dense sync the third.
 They are CPU-measured and every output says so: on GPUs plug in your own (`Overheads(...)`).
+
+The bench pair is stored several times (`stored_pairs`: run 1 in the files above, run k in `..._cpu_<k>.json`, the
+same commands): the memcpy reference and the syncs move from run to run on the 2-core box, and one pair's fit read
+5.7 us per tensor where a second read 10.6. `cpu_overheads_repeats` fits each pair, so every prediction is given
+with the range it spans over the runs, not one run's figure.
 """
 
 from __future__ import annotations
@@ -93,6 +98,31 @@ def fit_overheads(bench: dict, curve_run: dict, moe: dict) -> Overheads:
     return Overheads(per_bucket_s=per_bucket, per_tensor_s=per_tensor, per_call_s=per_call, per_sync_s=per_sync,
                      derivation=text, measured_on="CPU (2 cores, labkit bench sync of two models + notebook 04): "
                      "CPU-measured overheads, not GPU")
+
+
+def stored_pairs(data_dir: str | Path = DATA) -> list[tuple[Path, Path]]:
+    """(bench model, MoE preset) files of each stored run of the bench pair: run 1 `bench_sync_cpu.json` with
+    `bench_sync_moe_cpu.json`, run k `bench_sync_cpu_<k>.json` with `bench_sync_moe_cpu_<k>.json` (k < 10). A run
+    with one half missing is refused, naming the file: a dense run fitted against another run's MoE half would
+    mix two boxes' states."""
+    data_dir = Path(data_dir)
+    names = ["bench_sync_cpu.json", *sorted(p.name for p in data_dir.glob("bench_sync_cpu_[0-9].json"))]
+    pairs = []
+    for name in names:
+        dense, moe = data_dir / name, data_dir / name.replace("bench_sync_cpu", "bench_sync_moe_cpu")
+        missing = [p for p in (dense, moe) if not p.exists()]
+        gone = ", ".join(p.name for p in missing)
+        check(not missing, "data_dir", str(data_dir), f"both halves of each bench pair ({gone} missing)")
+        pairs.append((dense, moe))
+    return pairs
+
+
+def cpu_overheads_repeats(data_dir: str | Path = DATA,
+                          curve_path: str | Path = DATA / "notebook04_bench_cpu.json") -> list[Overheads]:
+    """`fit_overheads` over each stored bench pair (`stored_pairs`, run 1 first), with the same sweep."""
+    curve = json.loads(Path(curve_path).read_text())
+    return [fit_overheads(json.loads(d.read_text()), curve, json.loads(m.read_text()))
+            for d, m in stored_pairs(data_dir)]
 
 
 def cpu_overheads(bench_path: str | Path = DATA / "bench_sync_cpu.json",

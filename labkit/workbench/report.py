@@ -11,6 +11,8 @@ import re
 from pathlib import Path
 
 from labkit.sync.roofline import fmt_seconds as _secs
+from labkit.sync.roofline_overheads import stored_pairs
+from labkit.workbench.report_bench import bench_table, repeats_table
 from labkit.workbench.report_mtp import drafts_table, mtp_table
 from labkit.workbench.report_mtp import md_row as _row
 
@@ -47,58 +49,6 @@ def serve_table(run: dict) -> list[str]:
         vals = [run.get(f"{k}/{mode}", "") for k, _ in keys]
         lines.append(_row([mode, *(f"{v:.2f}" if isinstance(v, float) else v for v in vals)]))
     lines += ["", f"Idle sync (no traffic): {run['serve/idle_sync_seconds']:.2f} s; `serve/ok`: {run['serve/ok']}."]
-    return lines
-
-
-def bench_table(run: dict) -> list[str]:
-    head = ["transport", "transport-only (s)", "GB/s", "of a memcpy", "end to end (s)", "engine apply"]
-    lines = [_row(head), _row(["---"] * len(head))]
-    transports = [t for t in ("per-tensor", "colocated", "distributed", "direct")
-                  if f"bench/{t.replace('-', '_')}_seconds" in run]
-    for t in transports:
-        key = t.replace("-", "_")
-        apply = run.get(f"bench/apply_path/{t}", run["bench/apply_path"] if t == "colocated" else "load_weights")
-        lines.append(_row([t, f"{run[f'bench/{key}_seconds']:.3f}", f"{run[f'bench/{key}_gbps']:.2f}",
-                           f"{run.get(f'bench/{key}_vs_memcpy', 0):.3f}" if t != "per-tensor" else "",
-                           f"{run[f'bench/end_to_end_seconds/{t}']:.3f}", apply]))
-    lines += ["", f"{run['bench/model_bytes'] / 1e6:.0f} MB, {run['bench/num_tensors']} tensors, "
-                  f"{run['bench/bucket_bytes'] >> 20} MiB buckets; memcpy {run['bench/memcpy_gbps']:.1f} GB/s "
-                  f"(a reference: pack + apply is two copies, so half of it is the limit; direct is one copy). "
-                  f"Bucketed vs per-tensor: **{run['bench/speedup_bucketed_vs_per_tensor']:.1f}×** transport-only, "
-                  f"**{run['bench/speedup_end_to_end']:.1f}×** end to end"
-                  + (f"; direct vs per-tensor: **{run['bench/speedup_direct_vs_per_tensor']:.1f}×** transport-only, "
-                     f"**{run['bench/speedup_end_to_end/direct']:.1f}×** end to end"
-                     if "bench/speedup_direct_vs_per_tensor" in run else "") + ". `bench/verified`: "
-                  f"{run['bench/verified']} ({run['bench/engine_tensors_changed']} of {run['bench/engine_tensors']} "
-                  f"engine tensors changed over the run)."]
-    if "bench/peak_extra_bytes_measured" in run:
-        lines[-1] += (f" Extra memory of a bucketed sync: {run['bench/peak_extra_bytes'] / 1e6:.0f} MB planned, "
-                      f"{run['bench/peak_extra_bytes_measured'] / 1e6:.0f} MB measured (the kernel's resident "
-                      f"high-water mark), against a contract of 2 × bucket + largest tensor = "
-                      f"{(2 * run['bench/bucket_bytes'] + run['bench/largest_tensor_bytes']) / 1e6:.0f} MB.")
-    if "bench/engine_apply_share" in run:
-        lines[-1] += (" Share of an end-to-end sync spent in the engine's apply call (direct: the trainer's writes "
-                      "into the engine's parameters): " + ", ".join(
-            f"{t} {run[f'bench/engine_apply_share/{t}']:.0%}" for t in transports) + ".")
-    return lines + e2e_phase_table(run)
-
-
-E2E_PHASES = ("gather", "pack", "load", "verify", "stage", "guard", "session")
-
-
-def e2e_phase_table(run: dict) -> list[str]:
-    """Where the fastest end-to-end sync of each transport spent its time (`bench/phases_end_to_end`)."""
-    phases = run.get("bench/phases_end_to_end")
-    if not phases:
-        return []
-    head = ["end to end, by phase (s)", *E2E_PHASES, "waited"]
-    lines = ["", _row(head), _row(["---"] * len(head))]
-    for t, p in phases.items():
-        lines.append(_row([t, *(f"{p.get(k, 0.0):.3f}" for k in E2E_PHASES), f"{p['wall']:.3f}"]))
-    lines += ["", "Phases overlap (the next bucket's gather and pack run while the engine loads this one; the "
-                  "checksums of what was sent are hashed between packs, under `verify`), so a row does not add up "
-                  "to what was waited; `guard` is the atomic guard's own calls (the engine's checksums before the "
-                  "sync, pause, promote, resume)."]
     return lines
 
 
@@ -162,6 +112,12 @@ def roofline_table(run: dict) -> list[str]:
     return lines + [""] + notes
 
 
+def _range(model: dict) -> str:
+    """The predicted time's range over the stored bench pairs' fits, where there are several."""
+    lo, hi = model.get("predicted_s/colocated_range", (None, None))
+    return f" [{_secs(lo)}–{_secs(hi)}]" if lo is not None and hi > lo else ""
+
+
 def roofline_models_table(run: dict) -> list[str]:
     """The shipped real configs: size, tensor count, and each transport's bound at the reference layout."""
     ref = run["roofline/reference"]
@@ -176,7 +132,7 @@ def roofline_models_table(run: dict) -> list[str]:
                            f"{m['layout']['engine_gpus']} ({m['layout']['engine_tp']})",
                            *(_secs(m[f"bound_s/{t}"]) for t in ("colocated", "nvlink-broadcast", "rdma-broadcast",
                                                                  "rdma-p2p")),
-                           f"{_secs(m['predicted_s/colocated'])} ({m['buckets']:,} buckets)"]))
+                           f"{_secs(m['predicted_s/colocated'])}{_range(m)} ({m['buckets']:,} buckets)"]))
     over = run["roofline/overheads"]
     note = (f"{ref['weights']} on {ref['hardware']}, MTP layers included. GPUs: the fewest (a power of two, at "
             f"least 8) whose HBM holds the trainer's state ({ref['trainer_bytes_per_param']} bytes per parameter) in "
@@ -186,7 +142,21 @@ def roofline_models_table(run: dict) -> list[str]:
             f"{over.get('per_sync_s', 0.0) * 1e3:.1f} ms per sync + buckets × {over['per_bucket_s'] * 1e3:.2f} ms + "
             f"tensors × {over['per_tensor_s'] * 1e6:.1f} µs: "
             f"{over['measured_on']} ({over['derivation']}).")
-    return lines + ["", note]
+    return lines + ["", note + _repeats_note(run.get("roofline/overheads_repeats", []))]
+
+
+def _repeats_note(reps: list[dict]) -> str:
+    if len(reps) < 2:
+        return ""
+
+    def span(key: str, scale: float, unit: str) -> str:
+        vals = [r[key] * scale for r in reps]
+        return f"{min(vals):.1f}–{max(vals):.1f} {unit}"
+
+    return (f" In brackets: the prediction with the overheads fitted from each of the {len(reps)} stored runs of "
+            "the bench pair instead (`data/bench_sync_cpu.json` and `data/bench_sync_cpu_<k>.json`, each with its "
+            f"MoE run; same commands, same sweep): per tensor {span('per_tensor_s', 1e6, 'µs')}, per sync "
+            f"{span('per_sync_s', 1e3, 'ms')}, per bucket {span('per_bucket_s', 1e3, 'ms')}.")
 
 
 TABLES = {"mtp": ("mtp_experiment_cpu.json", mtp_table),
@@ -194,12 +164,14 @@ TABLES = {"mtp": ("mtp_experiment_cpu.json", mtp_table),
           "serve-sync": ("bench_serve_sync_cpu.json", serve_table),
           "bench-sync": ("bench_sync_cpu.json", bench_table), "bench-delta": ("bench_delta_cpu.json", delta_table),
           "bench-sync-moe": ("bench_sync_moe_cpu.json", bench_table),
+          "bench-sync-repeats": ("bench_sync_cpu_2.json", repeats_table),
           "bench-codec": ("bench_codec_*.json", codec_table),
           "roofline": ("roofline_published.json", roofline_table),
           "roofline-models": ("roofline_published.json", roofline_models_table)}
 
 
 MULTI = {"bench-codec"}  # several runs of one bench, not paired with the MTP run
+PAIRS = {"bench-sync-repeats"}  # every stored run of the bench pair (labkit.sync.roofline_overheads.stored_pairs)
 
 
 def _runs(data_dir: Path, pattern: str) -> tuple[list[tuple[str, dict]], dict]:
@@ -210,6 +182,12 @@ def _runs(data_dir: Path, pattern: str) -> tuple[list[tuple[str, dict]], dict]:
 
 def render(name: str, data_dir: Path) -> str:
     file, fn = TABLES[name]
+    if name in PAIRS:
+        pairs = [(json.loads(d.read_text()), json.loads(m.read_text())) for d, m in stored_pairs(data_dir)]
+        made = "; ".join(f"`data/{p.name}`" for pair in stored_pairs(data_dir) for p in pair)
+        cmds = sorted({r.get("command", "?").split(" --out")[0] for pair in pairs for r in pair})
+        return "\n".join([*fn(pairs), "", f"(from {made}, made by {' and '.join(f'`{c}`' for c in cmds)} with "
+                          "`--out` naming each file; regenerate with `labkit report`)"])
     if "*" in file:  # several runs, each with its own command
         runs, base = _runs(data_dir, file)
         made = "; ".join(f"`data/{f}` by `{r.get('command', '?')}`" for f, r in runs)

@@ -36,23 +36,28 @@ def overheads(show: bool = True) -> rf.Overheads:
     return over
 
 
-def model_summary(name: str, s: rf.Scenario, over: rf.Overheads) -> dict:
+def model_summary(name: str, s: rf.Scenario, over: rf.Overheads, repeats: list[rf.Overheads] = ()) -> dict:
     """A shipped model's size and its bounds on `s.hardware` at its reference layout
-    (labkit.sync.roofline.reference_layout), for the README's models table."""
+    (labkit.sync.roofline.reference_layout), for the README's models table; with `repeats` (one fit per stored
+    bench pair, `rf.cpu_overheads_repeats`) also the range the predicted colocated time spans over them."""
     full, bare, fp8 = model_tensors(name, "bf16"), model_tensors(name, "bf16", mtp=False), model_tensors(name, "fp8")
     layout = rf.reference_layout(full, rf.hardware(s.hardware))
-    rows = {r["transport"]: r for r in rf.transport_rows(dataclasses.replace(s, model=name, layout=layout), over,
-                                                         full)}
+    at = dataclasses.replace(s, model=name, layout=layout)
+    rows = {r["transport"]: r for r in rf.transport_rows(at, over, full)}
+    spread = [{r["transport"]: r for r in rf.transport_rows(at, o, full)}["colocated"]["predicted_s"]
+              for o in repeats]
     return {"name": name, "label": full.label, "layout": dataclasses.asdict(layout), "params": full.params,
             "mtp_params": full.params - bare.params,
             "tensors": full.num_tensors, "expert_tensors": full.expert_tensors, "bf16_bytes": full.total_bytes,
             "fp8_bytes": fp8.total_bytes, "buckets": rows["colocated"]["buckets"],
             **{f"bound_s/{t}": rows[t]["bound_s"] for t in rf.TRANSPORTS},
-            "predicted_s/colocated": rows["colocated"]["predicted_s"]}
+            "predicted_s/colocated": rows["colocated"]["predicted_s"],
+            **({"predicted_s/colocated_range": [min(spread), max(spread)]} if spread else {})}
 
 
 def run(s: rf.Scenario = REFERENCE, over: rf.Overheads | None = None) -> dict:
     """Everything the README's roofline tables and `labkit roofline --json` show, as one JSON-ready dict."""
+    repeats = rf.cpu_overheads_repeats() if over is None else []  # the CPU fits' spread: for the CPU fit only
     over = over or rf.cpu_overheads()
     ref = dataclasses.replace(REFERENCE, model=next(iter(REAL)))
     return {
@@ -63,7 +68,9 @@ def run(s: rf.Scenario = REFERENCE, over: rf.Overheads | None = None) -> dict:
         "roofline/hardware": {k: dataclasses.asdict(h) for k, h in rf.HARDWARE.items()},
         "roofline/reference": {"hardware": ref.hardware, "weights": ref.weights, "bucket_mb": ref.bucket_mb,
                                "trainer_bytes_per_param": rf.TRAINER_BYTES_PER_PARAM},
-        "roofline/models": [model_summary(n, ref, over) for n in REAL],
+        "roofline/overheads_repeats": [{k: getattr(o, k) for k in ("per_bucket_s", "per_tensor_s", "per_sync_s")}
+                                       for o in repeats],
+        "roofline/models": [model_summary(n, ref, over, repeats) for n in REAL],
         "roofline/transports": rf.transport_rows(s, over),
         "roofline/published": rp.published_rows(),
     }

@@ -93,8 +93,8 @@ def bucket_sweep(curve: list[dict], chosen_bytes: int | None = None, budget_byte
             fig.add_vline(x=chosen_bytes / MB, line=dict(color="green", dash="dash"), row=r, col=1)
         # Inside the plot, right of the line: above it ("bottom" anchor at y=1) it sat on the subplot title.
         fig.add_annotation(x=_log10(chosen_bytes / MB), y=0.97, yref="y domain",
-                           text=f"chosen {fmt_bytes(chosen_bytes)}", showarrow=False, font=dict(color="green"), yanchor="top", xanchor="left", xshift=4,
-                           row=1, col=1)
+                           text=f"chosen {fmt_bytes(chosen_bytes)}", showarrow=False, font=dict(color="green"),
+                           yanchor="top", xanchor="left", xshift=4, row=1, col=1)
     if budget_bytes:
         fig.add_hline(y=budget_bytes / MB, line=dict(color="red", dash="dot"), row=2, col=1,
                       annotation_text=f"memory budget {fmt_bytes(budget_bytes)}", annotation_position="top left")

@@ -41,7 +41,8 @@ def _record(arms: dict, **extra) -> dict:
     for arm, (finals, tails) in arms.items():
         for s, one in zip(per, _per_seed(arm, finals, tails)):
             s.update(one)
-        rec.update({f"mtp/final_accept_rate_{arm}_mean": sum(finals) / 3, f"mtp/final_accept_rate_{arm}_ci95": [0.7, 0.9],
+        rec.update({f"mtp/final_accept_rate_{arm}_mean": sum(finals) / 3,
+                    f"mtp/final_accept_rate_{arm}_ci95": [0.7, 0.9],
                     f"mtp/tail_accept_rate_{arm}_mean": sum(tails) / 3, f"mtp/tail_accept_rate_{arm}_ci95": None})
     for s in per:  # a k = 2 run's per-depth keys name no arm
         s["mtp/final_accept_rate_pos_1_trained"] = 0.9
@@ -78,3 +79,26 @@ def test_draft_schedules_pair_with_the_default_runs_frozen_arm(tmp_path):
     assert list(fig.data[0].y) == ["tv · every step", "tokens · pre-RL only (20 MTP-only steps)",
                                    "tokens · every step, after 20 pre-RL steps"]
     assert list(fig.data[1].x) == pytest.approx([0.1, 0.05, 0.1])  # the paired differences, drawn beside
+
+
+def test_the_repeats_table_has_a_column_per_stored_run_and_the_range(tmp_path):
+    """Every stored run of the bench pair side by side (run 1 in the headline files), each file named."""
+    def dense(mem, colo):
+        return {"command": "labkit bench sync --json --out x", "bench/memcpy_gbps": mem, "bench/colocated_gbps": colo,
+                "bench/colocated_vs_memcpy": colo / mem, "bench/colocated_vs_memcpy_end_to_end": 0.1,
+                "bench/direct_vs_memcpy": 0.4, "bench/direct_vs_memcpy_end_to_end": 0.12,
+                "bench/distributed_vs_memcpy": 0.07, "bench/speedup_end_to_end": 27.0, "bench/verified": True}
+
+    moe = {"command": "labkit bench sync --model qwen3-moe --json --out y", "bench/colocated_gbps": 3.0,
+           "bench/verified": True}
+    runs = {"bench_sync_cpu.json": dense(20.0, 6.0), "bench_sync_cpu_2.json": dense(15.0, 5.0),
+            "bench_sync_moe_cpu.json": moe, "bench_sync_moe_cpu_2.json": {**moe, "bench/verified": False}}
+    for name, run in runs.items():
+        (tmp_path / name).write_text(json.dumps(run))
+    text = report.render("bench-sync-repeats", tmp_path)
+    assert "| metric | run 1 | run 2 | range |" in text
+    assert "| memcpy reference (GB/s) | 20.0 | 15.0 | 15.0–20.0 |" in text
+    assert "| colocated, transport-only, of a memcpy | 0.300 | 0.333 | 0.300–0.333 |" in text
+    assert "| MoE preset's colocated GB/s, of the bench model's | 0.50 | 0.60 | 0.50–0.60 |" in text
+    assert "| `bench/verified` (both models) | True | False |  |" in text
+    assert "`data/bench_sync_moe_cpu_2.json`" in text and "`labkit bench sync --model qwen3-moe --json`" in text

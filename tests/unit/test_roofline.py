@@ -15,6 +15,7 @@ from labkit.sync import roofline as rf
 from labkit.sync import roofline_published as rp
 from labkit.sync.plan import plan_buckets
 from labkit.sync.roofline_models import model_tensors
+from labkit.sync.roofline_overheads import stored_pairs
 
 DATA = rf.ROOT / "data"
 
@@ -128,6 +129,20 @@ def test_overheads_fitted_from_the_stored_cpu_runs():
     # per bucket: ~11 ms when each bucket was its own engine call, none seen since a sync is one (labkit.engine.ring)
     assert 0 <= over.per_bucket_s < 0.02 and 0 < over.per_tensor_s < 1e-4 and 0 < over.per_sync_s < 0.1
     assert "CPU-measured" in over.measured_on and "notebook 04" in over.derivation
+
+
+def test_every_stored_bench_pair_is_fitted_and_a_missing_half_is_refused(tmp_path):
+    pairs = stored_pairs()
+    assert pairs[0] == (DATA / "bench_sync_cpu.json", DATA / "bench_sync_moe_cpu.json")
+    assert [p.name for _, p in pairs[1:]] == [f"bench_sync_moe_cpu_{k}.json" for k in range(2, len(pairs) + 1)]
+    fits = rf.cpu_overheads_repeats()
+    assert len(fits) == len(pairs) and fits[0] == rf.cpu_overheads()  # run 1 is the headline fit
+    for name in ("bench_sync_cpu.json", "bench_sync_moe_cpu.json", "bench_sync_cpu_2.json", "bench_sync_cpu_at_x.json"):
+        (tmp_path / name).write_text("{}")
+    with pytest.raises(ValueError, match="bench_sync_moe_cpu_2.json missing"):
+        stored_pairs(tmp_path)
+    (tmp_path / "bench_sync_moe_cpu_2.json").write_text("{}")  # the `_at_<commit>` runs are not repeats
+    assert [d.name for d, _ in stored_pairs(tmp_path)] == ["bench_sync_cpu.json", "bench_sync_cpu_2.json"]
 
 
 def test_the_fit_recovers_known_costs_and_skips_sizes_below_the_largest_group():
