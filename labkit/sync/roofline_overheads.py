@@ -9,9 +9,10 @@ sets the first, the MoE/dense pair the second, and what is left of the dense syn
 They are CPU-measured and every output says so: on GPUs plug in your own (`Overheads(...)`).
 
 The bench pair is stored several times (`stored_pairs`: run 1 in the files above, run k in `..._cpu_<k>.json`, the
-same commands): the memcpy reference and the syncs move from run to run on the 2-core box, and one pair's fit read
-5.7 us per tensor where a second read 10.6. `cpu_overheads_repeats` fits each pair, so every prediction is given
-with the range it spans over the runs, not one run's figure.
+same commands): the memcpy reference and the syncs move from run to run on the 2-core box, and the per-tensor cost,
+a difference of two runs, moves most (three pairs made one after the other read 7.3, 12.3 and 8.0 us).
+`cpu_overheads_repeats` fits each pair, so every prediction is given with the range it spans over the runs, not
+one run's figure.
 """
 
 from __future__ import annotations

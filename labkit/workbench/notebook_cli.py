@@ -77,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         values = [nbk.parse_value(x.strip()) for x in dict(args.param)[key].split(",") if x.strip()]
         fixed = {k: v for k, v in params.items() if k != key}
         command = "labkit notebook " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-        res = nbk.sweep(args.name, key, values, fixed, out_root=args.out_root, timeout=args.timeout, save=args.save,
-                    command=command)
+        res = nbk.sweep(args.name, key, values, fixed, out_root=args.out_root, timeout=args.timeout,
+                        save=args.save, command=command)
         _emit(res, args.json)
         return 1 if res["sweep/failed"] else 0
     except (ValueError, nbk.NotebookError) as e:

@@ -183,8 +183,9 @@ def _runs(data_dir: Path, pattern: str) -> tuple[list[tuple[str, dict]], dict]:
 def render(name: str, data_dir: Path) -> str:
     file, fn = TABLES[name]
     if name in PAIRS:
-        pairs = [(json.loads(d.read_text()), json.loads(m.read_text())) for d, m in stored_pairs(data_dir)]
-        made = "; ".join(f"`data/{p.name}`" for pair in stored_pairs(data_dir) for p in pair)
+        files = stored_pairs(data_dir)
+        pairs = [(json.loads(d.read_text()), json.loads(m.read_text())) for d, m in files]
+        made = "; ".join(f"`data/{p.name}`" for pair in files for p in pair)
         cmds = sorted({r.get("command", "?").split(" --out")[0] for pair in pairs for r in pair})
         return "\n".join([*fn(pairs), "", f"(from {made}, made by {' and '.join(f'`{c}`' for c in cmds)} with "
                           "`--out` naming each file; regenerate with `labkit report`)"])

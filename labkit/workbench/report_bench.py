@@ -81,7 +81,7 @@ def repeats_table(pairs: list[tuple[dict, dict]]) -> list[str]:
         vals = [value(d, m) for d, m in pairs]
         spread = "" if isinstance(vals[0], bool) else f"{fmt.format(min(vals))}–{fmt.format(max(vals))}"
         lines.append(_row([label, *(fmt.format(v) for v in vals), spread]))
-    return lines + ["", f"{len(pairs)} runs of each bench, one after another on the same box, the code unchanged "
-                        "between them. Every ratio is to that run's own memcpy reference (the fastest of the "
+    return lines + ["", f"{len(pairs)} runs of each bench, one after another on the same box, by the same "
+                        "commands. Every ratio is to that run's own memcpy reference (the fastest of the "
                         "samples it took after each transport); the MoE ratio pairs each bench-model run with the "
                         "MoE run made after it."]
