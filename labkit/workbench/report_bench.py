@@ -19,7 +19,8 @@ def bench_table(run: dict) -> list[str]:
                            f"{run[f'bench/end_to_end_seconds/{t}']:.3f}", apply]))
     lines += ["", f"{run['bench/model_bytes'] / 1e6:.0f} MB, {run['bench/num_tensors']} tensors, "
                   f"{run['bench/bucket_bytes'] >> 20} MiB buckets; memcpy {run['bench/memcpy_gbps']:.1f} GB/s "
-                  f"(a reference: pack + apply is two copies, so half of it is the limit; direct is one copy). "
+                  "(a reference: pack + apply copy every byte twice, so about half of it is their limit, see "
+                  "*What bounds these ratios*; direct copies once). "
                   f"Bucketed vs per-tensor: **{run['bench/speedup_bucketed_vs_per_tensor']:.1f}×** transport-only, "
                   f"**{run['bench/speedup_end_to_end']:.1f}×** end to end"
                   + (f"; direct vs per-tensor: **{run['bench/speedup_direct_vs_per_tensor']:.1f}×** transport-only, "
