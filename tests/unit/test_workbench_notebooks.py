@@ -139,7 +139,7 @@ def _fake_run(name, params, out_root="runs", tag=None, **kw):
 def test_sweep_writes_summary_table_and_figure(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(notebook, "run", _fake_run)
     rc = notebook_cli.main(["sweep", "01", "-p", "BUCKET_MB", "0.5,1,-1", "-p", "STEPS", "1",
-                        "--out-root", str(tmp_path), "--json"])
+                            "--out-root", str(tmp_path), "--json"])
     assert rc == 1  # one value failed; the others still ran
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     with open(res["sweep/summary_csv"]) as f:
@@ -186,7 +186,7 @@ def test_sweep_summary_draws_intervals_as_error_bars():
 def test_run_cli_json_last_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(notebook, "run", _fake_run)
     assert notebook_cli.main(["run", "01_weight_update", "-p", "BUCKET_MB", "2", "--out-root", str(tmp_path),
-                          "--json"]) == 0
+                              "--json"]) == 0
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert last["timing/sync/total"] == 0.5 and last["sync/verified"] is True
     assert notebook_cli.main(["sweep", "01", "-p", "BUCKET_MB", "2"]) == 2  # no comma list: usage error
