@@ -168,11 +168,12 @@ def bench_sync(spec: ModelSpec | str = BENCH_SPEC, bucket_mb: float = 32.0, reps
 
 def reference(samples: list[float]) -> dict:
     """`bench/memcpy_gbps`: the fastest of the memcpy samples taken through the run (one after each transport, the
-    engine up and idle), with every sample beside it. One sample taken after the engine shut down read 14.0-19.1
-    GB/s from run to run on the 2-core box, and every `_vs_memcpy` ratio moved with it; the best of several taken
-    where the syncs ran is the steadier reference, and the higher one, so no ratio gains from a slow sample. A
-    two-copy path (pack, apply) is bounded by about half of it: on the 2-core box two one-thread copies at once
-    moved 0.45-0.66 of an every-core copy's rate measured beside them (scripts/memcpy_threads.py)."""
+    engine up and idle), with every sample beside it. One sample taken after the engine shut down read 19.1 and
+    14.6 GB/s in two stored runs on the 2-core box (data/bench_sync{,_moe}_cpu.json at 01bcb0c), and every
+    `_vs_memcpy` ratio moved with it; the best of several taken where the syncs ran is the steadier reference,
+    and the higher one, so no ratio gains from a slow sample. A two-copy path (pack, apply) is bounded by about
+    half of it: on the 2-core box two one-thread copies at once moved 0.45-0.66 of an every-core copy's rate
+    measured beside them (scripts/memcpy_threads.py)."""
     if not samples:
         raise ValueError("memcpy reference: no samples (the bench ran no transport)")
     return {"bench/memcpy_gbps": round(max(samples), 4),
