@@ -60,10 +60,12 @@ def cmd_sync(args) -> int:
         except SyncFailed as e:  # the engine serves its last good weights (or says why not): say it, no traceback
             print(f"labkit sync: {e}", file=sys.stderr)
             emit(e.metrics, args.json)
+            write_run(e.metrics, args.out)
             return 1
         g = wb.compare_greedy()
     m.update(g.metrics)
     emit(m, args.json)
+    write_run(m, args.out)
     return 0 if m["sync/verified"] is not False else 1
 
 
@@ -189,6 +191,7 @@ def _add_main_commands(sub) -> None:
     add_arguments(d, ParallelSpec, ("tp", "pp", "ep"))
     add_arguments(d, PlacementSpec, ("mode", "trainer_resource", "engine_resource", "engines"),
                   flags={"mode": "--placement"})
+    d.add_argument("--out", default=None, help="also write the JSON here (led by this command)")
     d.add_argument("--json", action="store_true")
     d.set_defaults(fn=cmd_sync)
 

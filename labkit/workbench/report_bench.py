@@ -3,6 +3,8 @@ of the bench pair side by side, so a reader sees how far a ratio moves from run 
 
 from __future__ import annotations
 
+import shlex
+
 from labkit.workbench.report_mtp import md_row as _row
 
 
@@ -86,3 +88,29 @@ def repeats_table(pairs: list[tuple[dict, dict]]) -> list[str]:
                         "commands. Every ratio is to that run's own memcpy reference (the fastest of the "
                         "samples it took after each transport); the MoE ratio pairs each bench-model run with the "
                         "MoE run made after it."]
+
+
+def family_syncs_table(runs: list[tuple[str, dict]]) -> list[str]:
+    """`labkit sync --model <preset> --out data/sync_<preset>_cpu.json` runs: what one sync of each family carries
+    and whether it landed bitwise, as a user first meets it (a fresh engine: not a speed figure)."""
+    head = ["model", "trainer tensors", "MB", "buckets", "engine tensors verified", "engine apply", "verified",
+            "greedy = trainer", "first sync (s)"]
+    lines = [_row(head), _row(["---"] * len(head))]
+    for file, run in runs:
+        missing = len(run.get("verify/missing", [])) + len(run.get("verify/mismatched", []))
+        lines.append(_row([_model(run.get("command", ""), file), f"{run['sync/num_tensors']:,}",
+                           f"{run['sync/bytes'] / 1e6:.1f}", run["sync/num_buckets"],
+                           f"{run.get('verify/num_checked', 0):,}" + (f" ({missing} wrong)" if missing else ""),
+                           run["sync/apply_path"], run["sync/verified"],
+                           f"{run.get('rollout/greedy_match_frac', 0):.0%}", f"{run['timing/sync/total']:.2f}"]))
+    return lines + ["", "Each: `labkit sync --model <preset> --transport colocated`: three training steps, one "
+                        "sync into a fresh SGLang CPU engine (atomic guard, checksum verification of every engine "
+                        "tensor against the trainer's export), then greedy generations of engine and trainer "
+                        "compared. The first sync of an engine sets up its plan, buffers and engine contract: "
+                        "`labkit bench sync` times warm syncs."]
+
+
+def _model(command: str, file: str) -> str:
+    """The preset a stored `labkit sync` run names (`--model X`), else its file name."""
+    words = shlex.split(command.split("  (")[0]) if command else []
+    return next((w for k, w in zip(words, words[1:]) if k == "--model"), file)

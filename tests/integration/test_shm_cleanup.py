@@ -93,16 +93,19 @@ def _settle(pids: set[int], timeout_s: float = 30.0) -> None:
 
 
 @pytest.mark.skipif(not SHM.is_dir(), reason="no /dev/shm on this machine")
-def test_labkit_sync_colocated_leaves_dev_shm_as_it_found_it():
+def test_labkit_sync_colocated_leaves_dev_shm_as_it_found_it(tmp_path):
     marker = f"LABKIT_SHM_TEST={uuid.uuid4().hex}"
     env = dict(os.environ, LABKIT_SHM_TEST=marker.split("=", 1)[1])
     before = _listing()
     with PidWatch(marker) as watch:
         p = subprocess.run([sys.executable, "-m", "labkit.cli", "sync", "--transport", "colocated", "--steps", "1",
-                            "--bucket-mb", "1", "--json"], capture_output=True, text=True, timeout=600, env=env)
+                            "--bucket-mb", "1", "--json", "--out", str(tmp_path / "run.json")],
+                           capture_output=True, text=True, timeout=600, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
     m = json.loads(p.stdout.strip().splitlines()[-1])
     assert m["sync/verified"] is True and m["sync/num_buckets"] > 1  # the pool's buffers were used
+    stored = json.loads((tmp_path / "run.json").read_text())  # `--out`: the run, led by the command that made it
+    assert stored.pop("command").startswith("labkit sync --transport colocated") and stored == m
     assert watch.pids, "the pid watch saw none of the run's processes"
     _settle(watch.pids)
     left = _ours(_listing() - before, watch.pids)

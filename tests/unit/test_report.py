@@ -102,3 +102,20 @@ def test_the_repeats_table_has_a_column_per_stored_run_and_the_range(tmp_path):
     assert "| MoE preset's colocated GB/s, of the bench model's | 0.50 | 0.60 | 0.50–0.60 |" in text
     assert "| `bench/verified` (both models) | True | False |  |" in text
     assert "`data/bench_sync_moe_cpu_2.json`" in text and "`labkit bench sync --model qwen3-moe --json`" in text
+
+
+def test_the_family_table_has_a_row_per_stored_sync_named_by_its_preset(tmp_path):
+    def run(model, verified, wrong=()):
+        return {"command": f"labkit sync --model {model} --transport colocated --json --out x",
+                "sync/num_tensors": 4179, "sync/bytes": 299_706_112, "sync/num_buckets": 9,
+                "verify/num_checked": 147, "verify/mismatched": list(wrong), "sync/apply_path": "copy_plan",
+                "sync/verified": verified, "rollout/greedy_match_frac": 1.0, "timing/sync/total": 1.234}
+
+    (tmp_path / "sync_qwen3_moe_cpu.json").write_text(json.dumps(run("qwen3-moe", True)))
+    (tmp_path / "sync_mimo_cpu.json").write_text(json.dumps(run("mimo", False, ["lm_head.weight"])))
+    (tmp_path / "mtp_experiment_cpu.json").write_text("{}")
+    text = report.render("family-syncs", tmp_path)
+    rows = [r for r in text.splitlines() if r.startswith("| ") and "---" not in r][1:]
+    assert rows == ["| mimo | 4,179 | 299.7 | 9 | 147 (1 wrong) | copy_plan | False | 100% | 1.23 |",
+                    "| qwen3-moe | 4,179 | 299.7 | 9 | 147 | copy_plan | True | 100% | 1.23 |"]
+    assert "`data/sync_qwen3_moe_cpu.json` by `labkit sync --model qwen3-moe" in text
