@@ -112,5 +112,5 @@ def family_syncs_table(runs: list[tuple[str, dict]]) -> list[str]:
 
 def _model(command: str, file: str) -> str:
     """The preset a stored `labkit sync` run names (`--model X`), else its file name."""
-    words = shlex.split(command.split("  (")[0]) if command else []
+    words = shlex.split(command)
     return next((w for k, w in zip(words, words[1:]) if k == "--model"), file)
