@@ -21,6 +21,7 @@ from labkit.sync import lastgood
 from labkit.sync import verify as vf
 from labkit.sync.config import SyncConfig
 from labkit.sync.plan import Bucket
+from labkit.sync.slots import Slots
 
 
 class Hook(Protocol):
@@ -89,7 +90,7 @@ class Stage:
 
     phase = "stage"
 
-    def __init__(self, stage_dir: str, slots: lastgood.Slots | None = None, capacity: int = 0):
+    def __init__(self, stage_dir: str, slots: Slots | None = None, capacity: int = 0):
         self.writer = lastgood.Writer(stage_dir, slots, capacity)
 
     def on_bucket(self, b, tensors, flat) -> None:
@@ -113,7 +114,7 @@ def stage_writer(hooks: list[Hook]) -> lastgood.Writer | None:
 
 
 def for_config(cfg: SyncConfig, plan=None, engine_spec: dict | None = None,
-               slots: lastgood.Slots | None = None) -> list[Hook]:
+               slots: Slots | None = None) -> list[Hook]:
     """The hooks a sync runs, in order (verification answers before the rollback copy is completed). `plan`
     (labkit.sync.plan.Plan) tells the checksums how many parts fill each fused parameter, `engine_spec` the
     engine's FFN padding and the hash its checker runs; `slots`, the syncer's kept mappings of rollback copies."""

@@ -25,11 +25,11 @@ from labkit import failpoints as fp
 from labkit.sync import bucket as bk
 from labkit.sync import hooks as hk
 from labkit.sync import inflight
-from labkit.sync import lastgood
 from labkit.sync.config import SyncConfig
 from labkit.sync.delta import DeltaState
 from labkit.sync.memory import PeakRSS, extra_at_peak
 from labkit.sync.plan import Bucket, Plan, check_coverage, excluding, make_plan, metas_of
+from labkit.sync.slots import Slots
 from labkit.sync.transport import Mappings, make, where
 
 
@@ -47,7 +47,8 @@ class Syncer:
         self.pool: bk.BufferPool | None = None
         self.delta: DeltaState | None = None
         self.maps = Mappings()  # transport="direct": the engine's parameter files, mapped once (none until then)
-        self.slots = lastgood.Slots()  # the atomic guard's rollback copies this rank writes, mapped once
+        self.slots = Slots()  # the atomic guard's rollback copies this rank writes, mapped once
+        self.views = bk.PackViews()  # what each bucket packs into, per buffer: made once, not per sync
         self.version = 0
 
     def close(self) -> None:
@@ -60,6 +61,7 @@ class Syncer:
             self.delta = None
         self.maps.close()
         self.slots.close()
+        self.views.keep_only([])
 
     def run(self, named_iter, engine, cfg: SyncConfig, engine_spec: dict | None = None,
             weight_version: str | None = None, exclude: tuple[str, ...] = ()) -> dict:
@@ -80,6 +82,8 @@ class Syncer:
             if s.delta is not None:
                 s.delta.drop()  # the engine may hold anything now: the next sync is an anchor
             raise
+        finally:  # the views of buffers this rank let go of go with them
+            self.views.keep_only(self._buffers_held())
         self._close_session(s, engine)  # end_weight_update, flush_cache, resume memory, new version
         self.version += 1
         result = inflight.coverage(s.unverified)
@@ -90,6 +94,9 @@ class Syncer:
                 s.delta.commit(s.version, getattr(s.transport, "apply_path", "load_weights"))
         fanout = engine.fanout_metrics() if hasattr(type(engine), "fanout_metrics") else {}
         return inflight.metrics(s, result) | fanout
+
+    def _buffers_held(self) -> list[torch.Tensor]:
+        return (self.pool.buffers if self.pool is not None else []) + self.slots.mappings()
 
     def _pools(self) -> list:
         return [p for p in (self.pool, self.delta and self.delta.pool) if p is not None]
@@ -202,7 +209,7 @@ class Syncer:
     # --- buffers --------------------------------------------------------------------------------------------
     def _pack(self, s: inflight.State, b: Bucket, tensors: dict) -> torch.Tensor:
         out = s.stage.region(b.nbytes) if s.stage is not None else self._buffer(b, s.cfg, s.device)
-        flat = bk.pack(b, tensors, out)
+        flat = bk.pack(b, tensors, out, self.views.get(b, out))
         _sync_device()
         return flat
 

@@ -183,8 +183,9 @@ def test_a_bucket_packed_into_the_staging_file_is_read_there_and_is_the_rollback
     engine maps that file once and copies from it; the same bytes are then the indexed rollback copy."""
     from labkit.engine import stagefile
     from labkit.sync import lastgood
+    from labkit.sync.slots import Slots
 
-    store, slots = lastgood.Store(tmp_path), lastgood.Slots()
+    store, slots = lastgood.Store(tmp_path), Slots()
     m = Model()
     stagefile._files.clear()
     for version in ("v1", "v2", "v3"):

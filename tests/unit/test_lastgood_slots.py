@@ -6,6 +6,7 @@ import os
 import torch
 
 from labkit.sync import lastgood
+from labkit.sync.slots import Slots
 
 
 def _named(seed: int) -> dict[str, torch.Tensor]:
@@ -22,7 +23,7 @@ def _write(store, slots, named, version, capacity=0):
 
 
 def test_store_recycles_the_superseded_copy_and_the_mapping_round_trips_bitwise(tmp_path):
-    store, slots = lastgood.Store(tmp_path), lastgood.Slots()
+    store, slots = lastgood.Store(tmp_path), Slots()
     p1 = _write(store, slots, _named(1), "v1", capacity=64)  # too small: the writer grows the file
     store.promote(p1, "v1", {})
     p2 = _write(store, slots, _named(2), "v2")
@@ -46,7 +47,7 @@ def test_store_recycles_the_superseded_copy_and_the_mapping_round_trips_bitwise(
 def test_a_shorter_copy_over_a_longer_file_reads_only_its_own_bytes(tmp_path):
     """A recycled data.bin is never shrunk (SIGBUS under a mapping): the index's nbytes bounds what is read, and
     an appended tensor (`extend`, a partial sync) goes right after it, not after the stale tail."""
-    store, slots = lastgood.Store(tmp_path), lastgood.Slots()
+    store, slots = lastgood.Store(tmp_path), Slots()
     store.promote(_write(store, slots, {"big": torch.randn(4096), "x": torch.randn(3)}, "v1"), "v1", {})
     store.promote(_write(store, slots, {"big": torch.randn(4096), "x": torch.randn(3)}, "v2"), "v2", {})
     small = {"x": torch.randn(3)}
