@@ -72,14 +72,8 @@ def gather(it, b: Bucket, seen: set) -> dict:
     return tensors
 
 
-def pack(bucket: Bucket, tensors: dict[str, torch.Tensor], out: torch.Tensor,
-         dst: list[torch.Tensor] | None = None) -> torch.Tensor:
+def pack(bucket: Bucket, tensors: dict[str, torch.Tensor], out: torch.Tensor) -> torch.Tensor:
     """Copy `bucket`'s tensors (cast to the planned dtype) into `out[:bucket.nbytes]` and return that view.
-
-    With `dst` (`views(bucket, out)`, kept by `PackViews` across syncs) the pack is one `torch._foreach_copy_`
-    into those views, with no per-tensor Python: flattening each tensor and splitting the buffer cost ~1.6 us
-    per tensor here, 6.5 of the 34 ms it took to pack the 4,179 tensors of the MoE preset on one thread (27.4 ms
-    with kept views; medians of 15 passes inside its trainer, scratch, not stored).
 
     Each run of same-dtype tensors is one `torch.cat(..., out=)` into a typed view of the buffer (the cast rides
     along): a per-tensor loop cost ~4 us more per tensor on the 2-core box, ~16 ms of an MoE sync's 4,179 tensors
@@ -100,13 +94,6 @@ def pack(bucket: Bucket, tensors: dict[str, torch.Tensor], out: torch.Tensor,
             raise ValueError(f"{meta.name}: shape {tuple(t.shape)} != planned {meta.shape}")
         srcs.append(t.detach() if t.requires_grad else t)
     flat, half = out[: bucket.nbytes], len(srcs) // 2
-    if dst is not None:
-        for lo, hi in ((0, half), (half, len(srcs))):
-            if lo == half:
-                fp.hit("bucket.pack")
-            if hi > lo:  # a multi-tensor copy refuses an empty list (a bucket of one tensor)
-                torch._foreach_copy_(dst[lo:hi], srcs[lo:hi])
-        return flat
     _copy_runs(bucket.tensors[:half], srcs[:half], flat, 0)
     fp.hit("bucket.pack")  # `labkit faults`: a failure half way through a pack
     _copy_runs(bucket.tensors[half:], srcs[half:], flat, sum(m.nbytes for m in bucket.tensors[:half]))
@@ -140,49 +127,6 @@ def _copy_runs(metas, srcs: list[torch.Tensor], flat: torch.Tensor, offset: int)
                 region[at: at + m.nbytes].copy_(src.reshape(-1).view(torch.uint8))
                 at += m.nbytes
         offset, i = offset + nbytes, j
-
-
-def views(bucket: Bucket, out: torch.Tensor) -> list[torch.Tensor] | None:
-    """One view of `out` per tensor of `bucket`, of its planned dtype and shape at its packed offset (what
-    `pack` copies into); None where `out` cannot hold the bucket or a tensor's offset is misaligned for its dtype."""
-    if out.dtype != torch.uint8 or out.numel() < bucket.nbytes:
-        return None
-    try:
-        return [out[a:b].view(torch_dtype(m.dtype)).view(m.shape) for m, a, b in spans(bucket)]
-    except RuntimeError:  # an offset that is not a multiple of the element size
-        return None
-
-
-class PackViews:
-    """`views` of the buffers a Syncer packs into, per buffer address and bucket, kept across syncs.
-
-    The buffers are reused (the pool's two, the guard's two kept staging mappings), and so is the plan, so the
-    same bucket lands at the same address sync after sync: the views are made once, not 4,179 times per MoE sync.
-    A view holds its buffer's memory, so the buffer's address cannot be reused by another while a view of it is
-    kept; `keep_only`, after each sync, lets go of the views of buffers the Syncer no longer holds (a replaced
-    pool, a staging file the store removed), whose pages would otherwise stay allocated, and of views the last
-    two syncs did not use (the buffers alternate, so each is packed into every other sync)."""
-
-    def __init__(self):
-        self._kept: dict[tuple, tuple[Bucket, list[torch.Tensor] | None, int]] = {}
-        self._sync = 0
-
-    def get(self, bucket: Bucket, out: torch.Tensor) -> list[torch.Tensor] | None:
-        key = (out.device, out.data_ptr(), id(bucket))
-        hit = self._kept.get(key)
-        if hit is None or hit[0] is not bucket:  # a new bucket at a reused id: the plan was replaced
-            hit = (bucket, views(bucket, out), self._sync)
-        self._kept[key] = (hit[0], hit[1], self._sync)
-        return hit[1]
-
-    def keep_only(self, buffers: list[torch.Tensor]) -> None:
-        live = {(b.device, b.untyped_storage().data_ptr()) for b in buffers}
-        self._kept = {k: v for k, v in self._kept.items() if v[1] and v[2] >= self._sync - 1
-                      and (v[1][0].device, v[1][0].untyped_storage().data_ptr()) in live}
-        self._sync += 1
-
-    def __len__(self) -> int:
-        return len(self._kept)
 
 
 @contextlib.contextmanager

@@ -48,7 +48,6 @@ class Syncer:
         self.delta: DeltaState | None = None
         self.maps = Mappings()  # transport="direct": the engine's parameter files, mapped once (none until then)
         self.slots = Slots()  # the atomic guard's rollback copies this rank writes, mapped once
-        self.views = bk.PackViews()  # what each bucket packs into, per buffer: made once, not per sync
         self.version = 0
 
     def close(self) -> None:
@@ -61,7 +60,6 @@ class Syncer:
             self.delta = None
         self.maps.close()
         self.slots.close()
-        self.views.keep_only([])
 
     def run(self, named_iter, engine, cfg: SyncConfig, engine_spec: dict | None = None,
             weight_version: str | None = None, exclude: tuple[str, ...] = ()) -> dict:
@@ -82,8 +80,6 @@ class Syncer:
             if s.delta is not None:
                 s.delta.drop()  # the engine may hold anything now: the next sync is an anchor
             raise
-        finally:  # the views of buffers this rank let go of go with them
-            self.views.keep_only(self._buffers_held())
         self._close_session(s, engine)  # end_weight_update, flush_cache, resume memory, new version
         self.version += 1
         result = inflight.coverage(s.unverified)
@@ -94,9 +90,6 @@ class Syncer:
                 s.delta.commit(s.version, getattr(s.transport, "apply_path", "load_weights"))
         fanout = engine.fanout_metrics() if hasattr(type(engine), "fanout_metrics") else {}
         return inflight.metrics(s, result) | fanout
-
-    def _buffers_held(self) -> list[torch.Tensor]:
-        return (self.pool.buffers if self.pool is not None else []) + self.slots.mappings()
 
     def _pools(self) -> list:
         return [p for p in (self.pool, self.delta and self.delta.pool) if p is not None]
@@ -209,7 +202,7 @@ class Syncer:
     # --- buffers --------------------------------------------------------------------------------------------
     def _pack(self, s: inflight.State, b: Bucket, tensors: dict) -> torch.Tensor:
         out = s.stage.region(b.nbytes) if s.stage is not None else self._buffer(b, s.cfg, s.device)
-        flat = bk.pack(b, tensors, out, self.views.get(b, out))
+        flat = bk.pack(b, tensors, out)
         _sync_device()
         return flat
 

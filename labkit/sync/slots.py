@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+MIN_BYTES = 64  # a mapping is never empty (lastgood.ALIGN: one aligned slot)
+
 
 class Slots:
     """The writing process's kept mappings of the copies' `data.bin` files (at most `KEEP`: the last good copy
@@ -24,7 +26,7 @@ class Slots:
         self.files: dict[str, tuple[int, torch.Tensor]] = {}  # path -> (inode, whole mapping)
 
     def get(self, path: Path, nbytes: int) -> torch.Tensor:
-        key, nbytes = str(path), max(nbytes, 64)
+        key, nbytes = str(path), max(nbytes, MIN_BYTES)
         for k in [k for k in self.files if k != key and not os.path.exists(k)]:
             del self.files[k]  # removed by the store (closed, or a slot given up): free its pages
         st = os.stat(key) if os.path.exists(key) else None
@@ -47,9 +49,6 @@ class Slots:
 
     def drop(self, path: Path) -> None:
         self.files.pop(str(path), None)
-
-    def mappings(self) -> list[torch.Tensor]:
-        return [m for _, m in self.files.values()]
 
     def close(self) -> None:
         self.files.clear()

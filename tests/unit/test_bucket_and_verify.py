@@ -77,46 +77,6 @@ def test_a_run_of_many_small_tensors_packs_byte_for_byte():
     assert bytes(flat.numpy()) == _reference_pack(b, named) and out[b.nbytes] == 7
 
 
-@pytest.mark.parametrize("start", [0, 1])
-def test_packing_into_kept_views_writes_the_same_bytes(start):
-    """`PackViews` keeps, per buffer and bucket, the views `pack` copies into (one multi-tensor copy, casts and
-    transposed exports included); a misaligned buffer gets none and packs as before."""
-    g = torch.Generator().manual_seed(3)
-    named = {"a.weight": torch.randn(3, 5, generator=g), "b.weight": torch.randn(4, 3, generator=g).t(),
-             "d.weight": torch.randn(6, generator=g), "e.weight": torch.randn(2, 2, generator=g).to(torch.bfloat16)}
-    metas = _metas(named)
-    metas[2] = TensorMeta("d.weight", (6,), "bfloat16")  # the engine serves bf16: the pack casts
-    (b,) = plan_buckets(metas, 1 << 20).buckets
-    out = torch.full((b.nbytes + 2,), 7, dtype=torch.uint8)
-    kept = bk.PackViews()
-    dst = kept.get(b, out[start:])
-    assert (dst is None) == (start == 1) and kept.get(b, out[start:]) is dst  # made once per buffer and bucket
-    flat = bk.pack(b, named, out[start:], dst)
-    assert bytes(flat.numpy()) == _reference_pack(b, named) and out[start + b.nbytes] == 7
-
-
-def test_kept_views_go_with_their_buffer_and_with_disuse():
-    named = _named()
-    (b,) = plan_buckets(_metas(named), 1 << 20).buckets
-    pool = bk.BufferPool(b.nbytes)
-    one, two = pool.take(), pool.take()
-    kept = bk.PackViews()
-    first = kept.get(b, one)
-    kept.keep_only(pool.buffers)
-    kept.get(b, two)
-    kept.keep_only(pool.buffers)
-    assert len(kept) == 2 and kept.get(b, one) is first  # the buffers alternate: each is used every other sync
-    kept.keep_only(pool.buffers)
-    kept.keep_only(pool.buffers)
-    kept.keep_only(pool.buffers)
-    assert len(kept) == 0  # unused for two syncs
-    kept.get(b, one)
-    kept.keep_only([two])  # `one` was let go (a replaced pool, a removed staging file)
-    assert len(kept) == 0
-    (b2,) = plan_buckets(_metas(named), 1 << 21).buckets  # a new plan's bucket gets views of its own
-    assert kept.get(b2, one) is not kept.get(b, one) and len(kept) == 2
-
-
 def test_a_cpu_sync_streams_on_every_core_but_the_engines_and_gives_the_threads_back(monkeypatch):
     """The trainer leaves the engine's apply a core while the buckets stream (bucket.host_threads), and gets its
     own threads back afterwards, also when the sync fails."""

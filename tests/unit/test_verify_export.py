@@ -89,10 +89,10 @@ def test_honest_sync_verifies(verify, dtype):
 
 def _buggy(bug, pack):
     """bk.pack with a bug: one byte of bucket 1 flipped, or a cast through float16 (plausible cast bug)."""
-    def bad(bucket, tensors, out, dst=None):
+    def bad(bucket, tensors, out):
         if bug == "wrong_cast":
-            return pack(bucket, {n: t.half().float() for n, t in tensors.items()}, out, dst)
-        flat = pack(bucket, tensors, out, dst)
+            return pack(bucket, {n: t.half().float() for n, t in tensors.items()}, out)
+        flat = pack(bucket, tensors, out)
         if bucket.index == 1:
             flat[3] ^= 0xFF
         return flat
