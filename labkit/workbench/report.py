@@ -35,21 +35,27 @@ def faults_table(run: dict) -> list[str]:
     return lines
 
 
-def serve_table(run: dict) -> list[str]:
+def serve_table(runs: list[tuple[str, dict]]) -> list[str]:
+    """One row per pause mode of each stored run, the HTTP server's first; an actor-backend run has no pause mode
+    (the handle holds a request that arrives during a sync until it ends)."""
     keys = [("serve/requests", "requests"), ("serve/in_flight_during_sync", "in flight during a sync"),
             ("serve/mixed_responses", "mixed"), ("serve/aborted", "aborted"), ("serve/retracted", "retracted"),
             ("serve/pause_seconds", "paused per sync (s)"), ("serve/sync_seconds", "sync under load (s)")]
-    head = ["pause mode", *(label for _, label in keys)]
-    lines = [_row(head), _row(["---"] * len(head))]
-    for mode in run.get("serve/modes", []):
-        if f"serve/refused/{mode}" in run or f"serve/error/{mode}" in run:
-            why = "refused by the atomic guard" if f"serve/refused/{mode}" in run else "error"
-            lines.append(_row([mode, why, *([""] * (len(keys) - 1))]))
-            continue
-        vals = [run.get(f"{k}/{mode}", "") for k, _ in keys]
-        lines.append(_row([mode, *(f"{v:.2f}" if isinstance(v, float) else v for v in vals)]))
-    lines += ["", f"Idle sync (no traffic): {run['serve/idle_sync_seconds']:.2f} s; `serve/ok`: {run['serve/ok']}."]
-    return lines
+    head = ["backend", "pause mode", *(label for _, label in keys)]
+    lines, idle = [_row(head), _row(["---"] * len(head))], []
+    for _, run in sorted(runs, key=lambda r: r[1].get("serve/backend", "http") != "http"):
+        backend = run.get("serve/backend", "http")
+        for mode in run.get("serve/modes", []):
+            label = mode if backend == "http" else "none: held by the handle"
+            if f"serve/refused/{mode}" in run or f"serve/error/{mode}" in run:
+                why = "refused by the atomic guard" if f"serve/refused/{mode}" in run else "error"
+                lines.append(_row([backend, label, why, *([""] * (len(keys) - 1))]))
+                continue
+            vals = [run.get(f"{k}/{mode}", "") for k, _ in keys]
+            lines.append(_row([backend, label, *(f"{v:.2f}" if isinstance(v, float) else v for v in vals)]))
+        idle.append(f"{backend} {run['serve/idle_sync_seconds']:.2f} s")
+    ok = all(run["serve/ok"] for _, run in runs)
+    return lines + ["", f"Idle sync (no traffic): {', '.join(idle)}; `serve/ok`: {ok}."]
 
 
 def delta_table(run: dict) -> list[str]:
@@ -161,7 +167,7 @@ def _repeats_note(reps: list[dict]) -> str:
 
 TABLES = {"mtp": ("mtp_experiment_cpu.json", mtp_table),
           "mtp-objectives": ("mtp_sweep_*.json", drafts_table), "faults": ("faults_cpu.json", faults_table),
-          "serve-sync": ("bench_serve_sync_cpu.json", serve_table),
+          "serve-sync": ("bench_serve_sync*_cpu.json", serve_table),
           "bench-sync": ("bench_sync_cpu.json", bench_table), "bench-delta": ("bench_delta_cpu.json", delta_table),
           "bench-sync-moe": ("bench_sync_moe_cpu.json", bench_table),
           "bench-sync-repeats": ("bench_sync_cpu_2.json", repeats_table),
@@ -171,7 +177,7 @@ TABLES = {"mtp": ("mtp_experiment_cpu.json", mtp_table),
           "roofline-models": ("roofline_published.json", roofline_models_table)}
 
 
-MULTI = {"bench-codec", "family-syncs"}  # several runs of one bench, not paired with the MTP run
+MULTI = {"bench-codec", "family-syncs", "serve-sync"}  # several runs of one bench, not paired with the MTP run
 PAIRS = {"bench-sync-repeats"}  # every stored run of the bench pair (labkit.sync.roofline_overheads.stored_pairs)
 
 

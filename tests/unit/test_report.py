@@ -119,3 +119,27 @@ def test_the_family_table_has_a_row_per_stored_sync_named_by_its_preset(tmp_path
     assert rows == ["| mimo | 4,179 | 299.7 | 9 | 147 (1 wrong) | copy_plan | False | 100% | 1.23 |",
                     "| qwen3-moe | 4,179 | 299.7 | 9 | 147 | copy_plan | True | 100% | 1.23 |"]
     assert "`data/sync_qwen3_moe_cpu.json` by `labkit sync --model qwen3-moe" in text
+
+
+def test_the_serve_table_has_a_row_per_pause_mode_of_each_backend_the_servers_first(tmp_path):
+    def run(backend, modes, refused=()):
+        out = {"command": f"labkit bench serve-sync --backend {backend} --json", "serve/backend": backend,
+               "serve/modes": list(modes), "serve/idle_sync_seconds": 0.05, "serve/ok": backend == "http"}
+        for m in modes:
+            if m in refused:
+                out[f"serve/refused/{m}"] = "flush refused"
+                continue
+            out.update({f"serve/requests/{m}": 10, f"serve/in_flight_during_sync/{m}": 9,
+                        f"serve/mixed_responses/{m}": 0, f"serve/aborted/{m}": 3, f"serve/retracted/{m}": 0,
+                        f"serve/pause_seconds/{m}": 0.125, f"serve/sync_seconds/{m}": 0.5})
+        return out
+
+    (tmp_path / "bench_serve_sync_actor_cpu.json").write_text(json.dumps(run("actor", ["abort"])))
+    (tmp_path / "bench_serve_sync_cpu.json").write_text(json.dumps(run("http", ["abort", "in_place"], ["in_place"])))
+    (tmp_path / "mtp_experiment_cpu.json").write_text("{}")
+    text = report.render("serve-sync", tmp_path)
+    rows = [r for r in text.splitlines() if r.startswith("| ") and "---" not in r][1:]
+    assert rows == ["| http | abort | 10 | 9 | 0 | 3 | 0 | 0.12 | 0.50 |",
+                    "| http | in_place | refused by the atomic guard |  |  |  |  |  |  |",
+                    "| actor | none: held by the handle | 10 | 9 | 0 | 3 | 0 | 0.12 | 0.50 |"]
+    assert "Idle sync (no traffic): http 0.05 s, actor 0.05 s; `serve/ok`: False." in text
