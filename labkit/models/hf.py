@@ -97,7 +97,8 @@ class ReferenceModel:
         keep = {k: v for k, v in cfg.items() if k not in ("model_type", "auto_map", "architectures")}
         self.config = Qwen2Config(**keep)
         self.config._attn_implementation = "sdpa"  # sdpa with mask=None is causal; eager would not be
-        weights = dict(named_tensors) if named_tensors is not None else load_file(str(Path(model_dir) / "model.safetensors"))
+        weights = (dict(named_tensors) if named_tensors is not None
+                   else load_file(str(Path(model_dir) / "model.safetensors")))
         with torch.device("cpu"):
             self.trunk = Qwen2ForCausalLM(self.config).float().eval()
         trunk_sd = {k: v for k, v in weights.items() if ".mtp_layers." not in k}
@@ -111,7 +112,8 @@ class ReferenceModel:
             layer.load_state_dict({k[len(p):]: v for k, v in weights.items()
                                    if k.startswith(p) and k[len(p):].split(".")[0] in
                                    ("input_layernorm", "post_attention_layernorm", "self_attn", "mlp")}, strict=True)
-            norms = {n: Qwen2RMSNorm(h, eps=eps).eval() for n in ("token_layernorm", "hidden_layernorm", "final_layernorm")}
+            norms = {n: Qwen2RMSNorm(h, eps=eps).eval()
+                     for n in ("token_layernorm", "hidden_layernorm", "final_layernorm")}
             for n, m in norms.items():
                 m.weight.data.copy_(weights[p + n + ".weight"])
             proj = torch.nn.Linear(2 * h, h, bias=False).eval()

@@ -5,7 +5,8 @@ rollouts come from `wb.rollout` (engine generations scored by the workbench's ta
 cold_and_warm: a first sync (it plans and allocates) and the one after it, which is what every RL step pays.
 logprob_agreement: the engine's per-token log-probs vs the trainer's own forward on the same tokens.
 sync_measure: a `measure(bucket_bytes)` callable for `labkit.sync.tune` built from real `wb.sync` calls; it is
-`labkit.workbench.sync_bench.sync_measure`, the one `labkit tune` uses, so both tune the same quantity (weight-moving time).
+`labkit.workbench.sync_bench.sync_measure`, the one `labkit tune` uses, so both tune the same quantity
+(weight-moving time).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import asdict, is_dataclass
 from labkit.models.tokenizer import PAD
 from labkit.mtp.rl import missing_logprobs, paired_logprobs
 from labkit.workbench.core import Rollout
-from labkit.workbench.sync_bench import TUNED_KEY, sync_measure
+from labkit.workbench.sync_bench import TUNED_KEY, sync_measure  # noqa: F401  (notebook 04 calls them from here)
 
 
 def logprob_agreement(wb, rows: list[dict]) -> dict:

@@ -1,5 +1,5 @@
-"""The harness behind `labkit faults` (`run`; the kinds, plan and summary are in labkit.workbench.faults): one Workbench,
-one trial at a time.
+"""The harness behind `labkit faults` (`run`; the kinds, plan and summary are in labkit.workbench.faults): one
+Workbench, one trial at a time.
 
 A trial arms one fault (a trainer-side failpoint through Ray's `__ray_call__`, an engine-side one in the
 engine actor, which its SGLang scheduler reads), runs an atomic sync, then reads the engine back before anything
@@ -171,7 +171,8 @@ class Harness:
         trainer_alive = self._disarm(engine)
         if m.get("sync/engine_restarted"):
             self.restarts["engine"] += 1
-        return {"kind": t.kind, "transport": t.transport, "point": t.point, "nth_of": n_buckets, "failed": err is not None,
+        return {"kind": t.kind, "transport": t.transport, "point": t.point, "nth_of": n_buckets,
+                "failed": err is not None,
                 "restored": bool(m.get("sync/restored")), "served_mid_sync": killer.served if killer else None,
                 "recover_s": m.get("timing/sync/restore", 0.0), "sync_s": round(took, 3),
                 "engine_restarted": bool(m.get("sync/engine_restarted")), "trainer_killed": not trainer_alive,

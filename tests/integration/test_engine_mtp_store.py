@@ -115,7 +115,8 @@ def test_mtp_update_from_flattened_bucket(engine, engine_model_dir):
 
 def test_mtp_update_from_distributed_and_unknown_name(engine, engine_model_dir):
     import torch.distributed as dist
-    from tests.integration.test_engine import _beside, _trainer_group  # same directory (pytest's rootdir-relative import)
+    # same directory (pytest's rootdir-relative import)
+    from tests.integration.test_engine import _beside, _trainer_group
 
     from labkit.cluster.runtime import free_port
 

@@ -19,8 +19,8 @@ QUICK = {
     "01_weight_update": {"STEPS": 1, "BUCKET_MB": 0.25},
     "02_rollout": {"N_PROMPTS": 8, "STEPS": 2},
     "03_acceptance_rate": {"QUICK": True, "ARMS": "trained"},
-    "04_bucket_tuning": {"MODEL": "tiny", "MIN_MB": 0.0625, "MAX_MB": 0.5, "MEMORY_BUDGET_MB": 1.0, "REPEATS": 1, "MAX_TRIALS": 2,
-                         "STEPS": 0},
+    "04_bucket_tuning": {"MODEL": "tiny", "MIN_MB": 0.0625, "MAX_MB": 0.5, "MEMORY_BUDGET_MB": 1.0, "REPEATS": 1,
+                         "MAX_TRIALS": 2, "STEPS": 0},
     "05_sync_roofline": {"MODEL": "moonlight-16b-a3b", "HARDWARE": "H20"},
 }
 

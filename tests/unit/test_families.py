@@ -204,7 +204,8 @@ def test_bad_spec_values_are_named(kwargs, field):
 
 
 def test_unknown_family_and_model_type_are_named(tmp_path):
-    with pytest.raises(ValueError, match=r"^family='llama' is invalid: expected one of qwen3, qwen3-moe, qwen3-moe-tiny, deepseek-v3"):
+    with pytest.raises(ValueError, match=r"^family='llama' is invalid: expected one of qwen3, qwen3-moe, "
+                                         r"qwen3-moe-tiny, deepseek-v3"):
         make_family("llama", tmp_path)
     with pytest.raises(ValueError, match=r"^spec=.*is invalid"):
         make_family("qwen3", tmp_path, spec={"hidden": 64})

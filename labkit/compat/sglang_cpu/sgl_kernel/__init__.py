@@ -20,7 +20,8 @@ LABKIT_PLACEHOLDER = True
 def _stub(name):
     def kernel(*args, **kwargs):
         raise NotImplementedError(
-            f"sgl_kernel placeholder: {name} called; this path needs a real SGLang kernel (GPU, or a CPU build of sgl_kernel)"
+            f"sgl_kernel placeholder: {name} called; this path needs a real SGLang kernel "
+            "(GPU, or a CPU build of sgl_kernel)"
         )
 
     kernel.__name__ = name.rsplit(".", 1)[-1]
