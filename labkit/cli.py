@@ -81,6 +81,14 @@ def cmd_pretrain(args) -> int:
 def cmd_bench(args) -> int:
     if args.what == "serve-sync":
         return cmd_serve_sync(args)
+    if args.what == "device":  # no SGLang, Ray or Megatron needed: the data path on one device, stage by stage
+        from labkit.workbench.device_bench import bench_device
+
+        megatron = {"auto": None, "on": True, "off": False}[args.megatron]
+        out = bench_device(args.device, size=args.size, deadline_s=args.deadline, warm=args.warm, out=args.out,
+                           megatron=megatron)
+        emit(out, args.json)
+        return 0 if out["device/verified"] else 1
     if args.what == "codec":  # no engine, no trainer, no Ray: the codec and the pack alone, on one device
         from labkit.workbench.codec_bench import bench_codec
 
@@ -201,9 +209,17 @@ def _add_bench_commands(sub) -> None:
     d = sub.add_parser("bench", help="benchmarks; `labkit bench sync`: per-tensor vs bucketed vs memcpy; "
                                      "`labkit bench serve-sync`: syncs under generate traffic, per pause mode; "
                                      "`labkit bench delta`: full vs delta syncs into a bf16 engine; "
-                                     "`labkit bench codec`: the delta codec and the pack alone, on a GPU if any")
-    d.add_argument("what", choices=["sync", "serve-sync", "delta", "codec"])
-    d.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="codec: where it runs")
+                                     "`labkit bench codec`: the delta codec and the pack alone, on a GPU if any; "
+                                     "`labkit bench device`: the colocated data path stage by stage, torch alone")
+    d.add_argument("what", choices=["sync", "serve-sync", "delta", "codec", "device"])
+    d.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="codec, device: where it runs")
+    d.add_argument("--size", choices=["auto", "small", "full"], default="auto",
+                   help="device: full (two ~16 GB models; auto on a GPU) or small (auto on CPU)")
+    d.add_argument("--deadline", type=_positive_float("deadline"), default=330.0,
+                   help="device: seconds for the whole run; stages that would not fit are skipped and said so")
+    d.add_argument("--warm", type=int, default=5, help="device: warm syncs per model after the cold one")
+    d.add_argument("--megatron", choices=["auto", "on", "off"], default="auto",
+                   help="device: stage 5, labkit's Megatron trainer rank without Ray (auto: on a GPU)")
     d.add_argument("--modes", default=None, help="serve-sync: comma-separated pause modes "
                                                  f"(default {','.join(ServeBenchConfig().modes)})")
     add_arguments(d, ServeBenchConfig, ("syncs", "max_requests", "backend"),

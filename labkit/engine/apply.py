@@ -131,6 +131,7 @@ def load_flat(model, named_tensors) -> None:
         _after_apply(model, [plan.entries[i][0] for i in plan.direct])
         _stats["copy_plan"] += len(plan.direct)
         _stats["load_weights"] += len(plan.fallback)
+        settle(flat)
 
 
 def _after_apply(model, names: list[str]) -> None:
@@ -156,6 +157,20 @@ def _apply_delta(model, key: str, payload: torch.Tensor) -> None:
     delta.decode_into(_held(payload), int(word), int(n_words), spans, plan.dsts, encoding)  # dsts == entries
     _after_apply(model, [e[0] for e in plan.entries])
     _stats["copy_plan"] += len(plan.direct)
+    settle(payload)
+
+
+SETTLE = True  # `labkit bench device`'s hazard probe turns it off in its engine to count what that costs
+
+
+def settle(flat: torch.Tensor) -> None:
+    """Wait for this bucket's copies before the call returns. On a GPU the copies are queued on the engine's
+    stream and the call would return (and the trainer hear "loaded") before they ran; the trainer then packs
+    bucket i + 2 into the same buffer (the pool holds two; a delta payload pool one) while the engine may still
+    be reading it, and parameters end up holding the next bucket's bytes. CPU copies are done when they
+    return. `labkit bench device` counts the parameters so corrupted with and without this wait."""
+    if SETTLE and flat.is_cuda:
+        torch.cuda.current_stream(flat.device).synchronize()
 
 
 def end_sync() -> list[int]:
@@ -180,7 +195,9 @@ def _sources(flat: torch.Tensor, key: str, plan: copyplan.Plan) -> list[torch.Te
     if views is None:
         base = held[0].untyped_storage()
         off = flat.storage_offset()  # the whole segment: a later bucket in this buffer may be larger
-        buf = torch.empty(0, dtype=torch.uint8).set_(base, off, (base.nbytes() - off,))
+        # On the buffer's device: a CPU tensor pointed at a CUDA storage raises "Attempted to set the storage of a
+        # tensor on device cpu to a storage on different device cuda:0" (tests/unit/test_apply.py, meta device).
+        buf = torch.empty(0, dtype=torch.uint8, device=flat.device).set_(base, off, (base.nbytes() - off,))
         views = held[1][key] = [buf[a:b].view(getattr(torch, d)).view(s) for _, d, s, a, b in plan.entries]
     return views
 
@@ -217,8 +234,11 @@ def _memo_derived_weight_check() -> None:
     if _memo_done:
         return
     _memo_done = True
-    import sglang  # SGLang is crossed here only (inside its scheduler)
-    from sglang.srt.model_executor.model_runner_components import weight_updater as wu
+    try:
+        import sglang  # SGLang is crossed here only (inside its scheduler)
+        from sglang.srt.model_executor.model_runner_components import weight_updater as wu
+    except ImportError:  # no SGLang in this process (labkit bench device's engine stand-in): nothing to memo
+        return
 
     original = getattr(wu, "_unsupported_derived_weight_cache_error", None)
     if sglang.__version__ != "0.5.23" or original is None:

@@ -21,7 +21,6 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
 import psutil
@@ -190,12 +189,9 @@ def _message(out) -> str:
 
 def serialize(obj) -> str:
     """SGLang's MultiprocessingSerializer.serialize(obj, output_str=True), without importing sglang."""
-    import torch.multiprocessing as tmp
+    from labkit.engine import ipc  # torch: only where a tensor is serialized
 
-    tmp.set_sharing_strategy("file_system")
-    buf = io.BytesIO()
-    ForkingPickler(buf).dump(obj)
-    return base64.b64encode(buf.getvalue()).decode()
+    return ipc.dumps_str(obj)
 
 
 def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = None, log: Path | None = None,

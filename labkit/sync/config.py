@@ -13,6 +13,7 @@ MB = 1 << 20
 Transport = Literal["per-tensor", "colocated", "distributed", "direct"]
 Verify = Literal["checksum", "full", "none"]
 Selector = Literal["all", "target", "draft"]  # SGLang's weight selector
+GpuApply = Literal["sglang", "labkit"]
 TRANSPORTS = get_args(Transport)
 
 
@@ -60,6 +61,11 @@ class SyncConfig:
     host_threads: int | None = None
     """CPU syncs: torch's intra-op threads in the trainer while the buckets stream (None: every core but one, the
     engine's, which applies while the trainer packs; labkit.sync.bucket.host_threads). GPU syncs ignore it."""
+    gpu_apply: GpuApply = "sglang"
+    """Colocated syncs on a GPU: sglang (SGLang's flattened_bucket format: the engine maps each bucket's CUDA-IPC
+    handle afresh and runs the model's load_weights) or labkit (labkit's loader: buffers kept mapped across
+    syncs, a copy plan compiled once; what CPU engines always run). `labkit bench device` measures the labkit path
+    on a GPU; the default stays SGLang's until that path has run against a real GPU engine."""
     pause_mode: PauseMode = "abort"
     """Atomic syncs: SGLang's pause mode (abort, retract; in_place is refused; labkit.workbench.serve_sync)."""
 
@@ -91,6 +97,7 @@ class SyncConfig:
             self.host_threads, bool) and self.host_threads >= 1), "host_threads", self.host_threads,
               "None (every core but the engine's) or a positive number of threads")
         check_choice(self, "pause_mode")
+        check_choice(self, "gpu_apply")
         if self.atomic and self.pause_mode == "in_place":
             raise ValueError("pause_mode='in_place' is refused by the atomic guard (atomic=True): SGLang leaves "
                              "running requests in place with KV computed by the old weights, so their remaining "

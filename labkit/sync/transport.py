@@ -57,9 +57,10 @@ class Transport(Protocol):
     def close(self, engine) -> None: ...
 
 
-def make(name: str, timeout_s: float = 120.0, delta=None, maps: Mappings | None = None) -> Transport:
+def make(name: str, timeout_s: float = 120.0, delta=None, maps: Mappings | None = None,
+         gpu_apply: str = "sglang") -> Transport:
     """`delta`: a labkit.sync.delta.DeltaState (colocated and distributed only); `maps`: the engine's parameter
-    files the direct transport keeps mapped across syncs (the Syncer's)."""
+    files the direct transport keeps mapped across syncs (the Syncer's); `gpu_apply`: SyncConfig.gpu_apply."""
     if name == "direct":
         if delta is not None:
             raise ValueError("transport='direct' cannot carry a delta: use colocated or distributed")
@@ -69,7 +70,7 @@ def make(name: str, timeout_s: float = 120.0, delta=None, maps: Mappings | None 
             raise ValueError("transport='per-tensor' cannot carry a delta: use colocated or distributed")
         return PerTensor()
     if name == "colocated":
-        return Colocated(delta=delta)
+        return Colocated(delta=delta, gpu_apply=gpu_apply)
     if name == "distributed":
         return Distributed(timeout_s=timeout_s, delta=delta)
     raise ValueError(f"transport={name!r} is invalid: expected one of {', '.join(TRANSPORTS)}")

@@ -1,7 +1,8 @@
 """Bitwise verification of a sync: per-tensor checksums, trainer side vs engine side.
 
 The engine hashes its own parameters (SGLang's weight checker: with labkit's model classes xxh3-64 of the raw
-bytes on CPU, else SGLang's sha256; labkit.engine.checksum says why and which) in its own layout, where q/k/v
+bytes on CPU and labkit's device hash on GPU, else SGLang's sha256 and its kernel; labkit.engine.checksum says
+why and which) in its own layout, where q/k/v
 live fused in `qkv_proj` and gate/up in `gate_up_proj` (labkit.engine.contract's fused groups). The trainer side
 rebuilds that layout from the HF tensors it sent and hashes the same way, so 64 bits per tensor cross the wire.
 `full=True` instead fetches every HF-named tensor back from the engine and compares element-wise.
@@ -18,11 +19,11 @@ from labkit.engine.contract import engine_shape, fused_part
 def tensor_checksum(t: torch.Tensor, algo: str = ck.DEFAULT) -> str:
     """One tensor's checksum as the engine's weight checker prints it (`algo`: the one the engine runs,
     `EngineHandle.checksum_algo`)."""
-    if t.is_cuda:  # SGLang hashes device tensors with its own kernel (untested here: no GPU)
-        from sglang.srt.managers.mm_utils import tensor_hash
+    if t.is_cuda and algo == "sha256":  # SGLang's own checker (a foreign engine) hashes with its kernel
+        from sglang.srt.managers.mm_utils import tensor_hash  # SGLang is crossed here only (never run: no GPU)
 
         return f"{tensor_hash(t.contiguous()):016x}"
-    return ck.cpu_checksum(t, algo)
+    return ck.checksum(t, algo)
 
 
 def padded(name: str, t: torch.Tensor, ffn_pad: int = 1) -> torch.Tensor:
@@ -63,13 +64,14 @@ class Expected:
     been seen: per-tensor syncs send q, k and v separately, and a layer's experts (hundreds of slices, larger
     than a bucket on a real MoE) arrive over several buckets. The hash is a running one (xxh3 or sha256) fed
     the parts in index order, so only parts that arrive ahead of their turn are copied (flat buffers are reused
-    for the next bucket); on a device the parts are copied and hashed at the end (SGLang's device hash is not
-    incremental). `ffn_pad`: the engine's FFN padding (`padded`). `sizes`: parts per fused parameter
+    for the next bucket); on a device the parts are copied and hashed at the end (neither SGLang's device hash
+    nor labkit's, which algorithm "device" runs on every tensor, is incremental: `ck.whole`). `ffn_pad`: the
+    engine's FFN padding (`padded`). `sizes`: parts per fused parameter
     (`labkit.engine.contract.part_counts` over the plan's names), needed for experts, whose count is not in
     their names. `algo`: the engine checker's hash (labkit.engine.checksum)."""
 
     def __init__(self, sizes: dict[str, int] | None = None, ffn_pad: int = 1, algo: str = ck.DEFAULT):
-        ck.new(algo)  # an unknown algorithm is refused here, before the first bucket
+        ck.check_algo(algo)  # an unknown algorithm is refused here, before the first bucket
         self.checksums: dict[str, str] = {}
         self.sizes, self.ffn_pad, self.algo = dict(sizes or {}), ffn_pad, algo
         self._parts: dict[str, dict[int, torch.Tensor]] = {}  # parts held until their turn
@@ -88,14 +90,15 @@ class Expected:
                 raise ValueError(f"cannot verify {name!r}: how many tensors fill {key!r} is unknown "
                                  "(Expected(sizes=part_counts(plan names)))")
             parts = self._parts.setdefault(key, {})
-            stream = self._streams.setdefault(key, [ck.new(self.algo), 0])
-            if t.is_cuda or idx != stream[1]:
+            whole = ck.whole(t, self.algo)
+            stream = self._streams.setdefault(key, [None if whole else ck.new(self.algo), 0])
+            if whole or idx != stream[1]:
                 parts[idx] = t.detach().clone()
             else:
                 _feed(stream, t)
-            while not t.is_cuda and stream[1] in parts:
+            while not whole and stream[1] in parts:
                 _feed(stream, parts.pop(stream[1]))
-            if t.is_cuda and len(parts) == size:
+            if whole and len(parts) == size:
                 self.checksums[key] = tensor_checksum(_joined(parts), self.algo)
             elif stream[1] == size:
                 self.checksums[key] = ck.digest(stream[0], self.algo)
@@ -108,7 +111,7 @@ class Expected:
         `engine_layout` would), so it can only mismatch the engine's full parameter."""
         for key, parts in self._parts.items():
             stream = self._streams[key]
-            if any(t.is_cuda for t in parts.values()):
+            if any(ck.whole(t, self.algo) for t in parts.values()):
                 self.checksums[key] = tensor_checksum(_joined(parts), self.algo)
                 continue
             for i in sorted(parts):

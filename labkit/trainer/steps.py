@@ -10,13 +10,15 @@ from labkit.trainer.mtp_loss import capture_mtp, policy_loss
 
 
 def make_batch(tokens, loss_mask, weights):
-    """Targets one to the left, the loss mask on them, per-sequence weights, positions."""
-    tokens = tokens.long()
+    """Targets one to the left, the loss mask on them, per-sequence weights, positions; on the model's device (a
+    GPU rank's model is on its CUDA device while callers hand it CPU tensors)."""
+    dev = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    tokens = tokens.long().to(dev)
     labels = torch.roll(tokens, -1, dims=1)
-    mask = torch.roll(loss_mask.float(), -1, dims=1)  # mask marks *target* tokens; predictor is one to the left
+    mask = torch.roll(loss_mask.float().to(dev), -1, dims=1)  # mask marks *target* tokens; predictor one to the left
     mask[:, -1] = 0.0
-    w = mask if weights is None else mask * weights.float().view(-1, 1)
-    pos = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens).contiguous()
+    w = mask if weights is None else mask * weights.float().to(dev).view(-1, 1)
+    pos = torch.arange(tokens.shape[1], device=dev).unsqueeze(0).expand_as(tokens).contiguous()
     return {"tokens": tokens, "labels": labels, "loss_mask": mask, "weights": w, "position_ids": pos}
 
 

@@ -7,7 +7,18 @@ models with small additions; their forward is untouched (see each module for wha
 
 import torch as _torch
 
-if not _torch.cuda.is_available():  # imported in SGLang's scheduler before any batch forms: seeds apply to all
+
+def _sglang_here() -> bool:
+    try:
+        import sglang  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# Imported in SGLang's scheduler before any batch forms: seeds apply to all. Where SGLang is absent (labkit bench
+# device's engine stand-in uses the weights mixin) there is nothing to patch.
+if not _torch.cuda.is_available() and _sglang_here():
     from labkit.compat import seeded as _seeded
 
     _seeded.patch_sampling_seeds()

@@ -126,21 +126,25 @@ class LabkitWeights:
 
 
 def install_checksum() -> bool:
-    """SGLang 0.5.23's weight checker hashes each parameter through its module's `_hash_tensor`: CPU tensors go
-    to labkit's xxh3 from here on (labkit.engine.checksum), device tensors to SGLang's own kernel as before.
+    """SGLang 0.5.23's weight checker hashes each parameter through its module's `_hash_tensor`: from here on CPU
+    tensors go to labkit's xxh3 and device tensors to labkit's device hash (labkit.engine.checksum), the
+    functions the trainer hashes its expectation with.
     Pinned to the version it was read in; any other keeps SGLang's sha256, and `CHECKSUM_NAME` says so."""
     global _checksum_installed
     if _checksum_installed:
         return True
-    import sglang  # SGLang is crossed here only (inside its scheduler)
-    from sglang.srt.utils import weight_checker as wc
+    try:
+        import sglang  # SGLang is crossed here only (inside its scheduler)
+        from sglang.srt.utils import weight_checker as wc
+    except ImportError:  # a model built where SGLang is absent (labkit bench device's engine stand-in)
+        return False
 
     original = getattr(wc, "_hash_tensor", None)
     if sglang.__version__ != "0.5.23" or original is None:
         return False
 
     def _hash_tensor(t: torch.Tensor) -> str:
-        return original(t) if t.is_cuda else ck.cpu_checksum(t, "xxh3_64")
+        return ck.checksum(t, "xxh3_64")  # xxh3 on CPU, labkit's device hash on GPU (labkit.engine.checksum)
 
     wc._hash_tensor = _hash_tensor
     _checksum_installed = True

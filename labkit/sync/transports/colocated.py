@@ -7,7 +7,7 @@ import time
 import torch
 
 from labkit import failpoints as fp
-from labkit.engine import stagefile
+from labkit.engine import ipc, stagefile
 from labkit.engine.config import APPLY_FORMAT
 from labkit.sync import bucket as bk
 from labkit.sync.plan import Bucket
@@ -20,7 +20,7 @@ class Colocated:
 
     Flow:
     1. open: ask the engine its TP size and whether it accepts labkit's loader (`labkit.engine.apply`, listed
-       at launch by labkit's engines; CPU buffers only);
+       at launch by labkit's engines; on GPU only with `SyncConfig.gpu_apply="labkit"`);
     2. send, per bucket: serialize a handle to the flat buffer ->
        - labkit's loader: `[(layout_key, flat)]`, load_format=APPLY_FORMAT: the engine keeps the buffer mapped
          for the rest of the sync and copies each tensor into its parameter slice by a plan compiled once;
@@ -45,8 +45,8 @@ class Colocated:
     port_retries = 0
     same_node = True
 
-    def __init__(self, delta=None):
-        self.delta = delta
+    def __init__(self, delta=None, gpu_apply: str = "sglang"):
+        self.delta, self.gpu_apply = delta, gpu_apply
         self.files = None  # the atomic guard's staging writer, when the syncer packs buckets into it
         self.ring: Ring | None = None
 
@@ -56,22 +56,21 @@ class Colocated:
         return self.fmt == APPLY_FORMAT and self.delta is None
 
     def open(self, engine, plan) -> None:
-        # SGLang is crossed here only. Imported in `open` (timed as setup), not on the first `send`: there it
-        # ran on the worker thread outside every phase, and a cold sync's stack fell ~0.5 s short of its wall.
-        from sglang.srt.utils import MultiprocessingSerializer
-        from sglang.srt.weight_sync import tensor_bucket  # noqa: F401  (bk.metadata's import, warmed here)
-
-        self.serializer = MultiprocessingSerializer
+        self.serializer = ipc.Serializer  # SGLang's payload format, written by labkit (device UUIDs on GPU)
         self.engine_tp = engine.tp_size
-        # GPU: SGLang's own format until the kept CUDA-IPC mapping has run on a GPU (it has not: no device here).
-        self.fmt = APPLY_FORMAT if not torch.cuda.is_available() and engine.accepts(APPLY_FORMAT) \
-            else "flattened_bucket"
+        # GPU: SGLang's own format unless SyncConfig.gpu_apply="labkit" (the kept CUDA-IPC mapping and copy plan:
+        # `labkit bench device` runs it on a GPU; the default moves once that run has shown it correct and faster).
+        labkit = self.gpu_apply == "labkit" or not torch.cuda.is_available()
+        self.fmt = APPLY_FORMAT if labkit and engine.accepts(APPLY_FORMAT) else "flattened_bucket"
+        if self.fmt == "flattened_bucket":  # SGLang's format is SGLang's: crossed here only, timed as setup
+            from sglang.srt.weight_sync import tensor_bucket  # noqa: F401  (bk.metadata's import, warmed here)
         self.apply_path = "load_weights"
         self.ring, self.buckets = None, len(plan.buckets)
         self.rings = self.fmt == APPLY_FORMAT and self.engine_tp == 1
         if self.delta is not None and self.fmt != APPLY_FORMAT:
-            raise ValueError("delta sync needs labkit's engine-side loader (labkit.engine.apply, a CPU engine "
-                             f"launched by labkit); this engine takes {self.fmt!r}: sync with SyncConfig.delta=0")
+            raise ValueError("delta sync needs labkit's engine-side loader (labkit.engine.apply: an engine launched "
+                             f"by labkit, on GPU with SyncConfig.gpu_apply='labkit'); this engine takes {self.fmt!r}: "
+                             "sync with SyncConfig.delta=0")
 
     def send(self, engine, b: Bucket, tensors=None, flat: torch.Tensor | None = None) -> dict:
         t0 = time.perf_counter()

@@ -10,6 +10,7 @@ import torch
 
 from labkit import failpoints as fp
 from labkit.engine import direct as engine_side
+from labkit.engine import ipc
 from labkit.engine.config import APPLY_FORMAT
 from labkit.engine.contract import call_group
 from labkit.engine.errors import Unsupported
@@ -53,15 +54,13 @@ class Direct:
         self.share = None  # `sync/direct_share`: "asked" (the full answer) or "kept" (the earlier one still held)
 
     def open(self, engine, plan: Plan) -> None:
-        from sglang.srt.utils import MultiprocessingSerializer  # SGLang is crossed here only
-
         if torch.cuda.is_available() or engine.device != "cpu" or engine.tp_size != 1:
             raise Unsupported("transport='direct' writes into a CPU engine's parameters at TP=1 (on a GPU the same "
                               "design is a CUDA-IPC handle per parameter, not built here): use 'colocated'")
         if not engine.accepts(APPLY_FORMAT):
             raise Unsupported(f"transport='direct' needs labkit's loader ({APPLY_FORMAT}) on the engine: "
                               "use 'colocated'")
-        self.serializer, self.names = MultiprocessingSerializer, [t.name for t in plan.tensors]
+        self.serializer, self.names = ipc.Serializer, [t.name for t in plan.tensors]
 
     def _handshake(self, engine) -> float:
         """The engine's share answer, checked on every sync (a restarted engine, a re-created parameter answer
