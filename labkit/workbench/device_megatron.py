@@ -28,15 +28,23 @@ def megatron_stage(run, dev: str) -> None:
     tokens = torch.randint(4, 100, (2, 32), generator=torch.Generator().manual_seed(0))
     mine = rank.forward(tokens)["logits"].float().cpu()
     ref = ReferenceModel(model_dir).forward(tokens)["logits"]
-    diff = (mine[..., : ref.shape[-1]] - ref).abs().max().item()
+    mine = mine[..., : ref.shape[-1]]
+    diff = (mine - ref).abs().max().item()
     step = rank.train_step(tokens, torch.ones_like(tokens)) or {}
     named = rank.export(to_cpu=False)
     run.m.update({"device/megatron/params": loaded["params"], "device/megatron/logits_max_diff": round(diff, 5),
                   "device/megatron/logits_ok": diff <= 5e-2,
+                  "device/megatron/logits_ref_max_abs": round(ref.abs().max().item(), 3),
+                  "device/megatron/logits_mean_abs_diff": round((mine - ref).abs().mean().item(), 5),
+                  "device/megatron/argmax_agree": round((mine.argmax(-1) == ref.argmax(-1)).float().mean().item(), 4),
                   "device/megatron/train_loss": {k: float(v) for k, v in step.items() if isinstance(v, (int, float))},
                   "device/megatron/export_tensors": len(named),
                   "device/megatron/export_device": str(named[0][1].device)})
     run.m["device/megatron_export_ok"] = _sync_export(run, named, dev)
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _sync_export(run, named: list[tuple[str, torch.Tensor]], dev: str) -> bool:

@@ -59,6 +59,7 @@ def model_stage(run, engine: ds.EngineProc, dev: str, label: str, cfg: dict, siz
     side = ds.TrainerSide(mt.tensors, int(size.bucket_mb * (1 << 20)), dev, engine, algo)
     try:
         syncs(run, p, side, src, warm, mt.total_bytes)
+        syncs(run, f"{p}/serial", side, src, 2, mt.total_bytes, start=50, overlap=False)
         run.write()
         flip(run, p, side, src, engine)
         deltas(run, p, side, src)
@@ -66,6 +67,7 @@ def model_stage(run, engine: ds.EngineProc, dev: str, label: str, cfg: dict, siz
         held = ds.TrainerSide(mt.tensors, int(size.heldout_mb * (1 << 20)), dev, engine, algo)
         try:
             syncs(run, f"{p}/heldout", held, src, 2, mt.total_bytes, start=100)
+            syncs(run, f"{p}/heldout/serial", held, src, 2, mt.total_bytes, start=150, overlap=False)
         finally:
             held.close()
         if hazard:
@@ -78,11 +80,14 @@ def model_stage(run, engine: ds.EngineProc, dev: str, label: str, cfg: dict, siz
             torch.cuda.empty_cache()
 
 
-def syncs(run, p: str, side: ds.TrainerSide, src: dict, warm: int, nbytes: int, start: int = 0) -> None:
+def syncs(run, p: str, side: ds.TrainerSide, src: dict, warm: int, nbytes: int, start: int = 0,
+          overlap: bool = True) -> None:
+    """A cold sync (the first of this plan; a warm one where the plan already ran) and `warm` more, each
+    verified. `overlap` off: the trainer packs only once the engine answered (no two processes' copies at once)."""
     rs, vs = [], []
     for i in range(1 + warm):
         ds.bump(src, start + i)
-        rs.append(side.sync(src))
+        rs.append(side.sync(src, overlap=overlap))
         vs.append(side.verify(src))
         if run.left() < 20 and i >= 1:
             break
@@ -170,3 +175,4 @@ def roofline(m: dict, dev: str, size: str) -> None:
     if dev == "cuda" and size == "full":
         roofline_rows(m, dict(SIZES[size].models), SIZES[size].bucket_mb)
     refit(m, labels)
+    refit(m, labels, "serial")

@@ -35,32 +35,34 @@ def solve(points: list[tuple[float, float, float]]) -> tuple[float, float]:
     return (0.0, pt) if rest_t <= rest_b else (pb, 0.0)
 
 
-def refit(m: dict, labels: list[str]) -> None:
-    """Overheads from the main bucket size's warm syncs of each model; prediction of the held-out syncs."""
+def refit(m: dict, labels: list[str], variant: str = "") -> None:
+    """Overheads from the main bucket size's warm syncs of each model; prediction of the held-out syncs.
+    `variant` "serial": the syncs without overlap (`{model}/serial`, `{model}/heldout/serial`)."""
     rate = m.get("device/d2d_gbps")
-    rows = [(label, f"device/{label}") for label in labels if f"device/{label}/sync_seconds" in m]
+    v = f"/{variant}" if variant else ""
+    out = f"device/refit{v}"
+    rows = [f"device/{label}" for label in labels if f"device/{label}{v}/sync_seconds" in m]
     if not rate or len(rows) < 2:
-        m["device/refit"] = "needs the device copy and both models' syncs"
+        m[out] = "needs the device copy and both models' syncs"
         return
 
     def copies(p: str) -> float:
         return 2 * m[f"{p}/bytes"] / (rate * GB)
 
-    points = [(m[f"{p}/buckets"], m[f"{p}/tensors"], m[f"{p}/sync_seconds"] - copies(p)) for _, p in rows]
+    points = [(m[f"{p}/buckets"], m[f"{p}/tensors"], m[f"{p}{v}/sync_seconds"] - copies(p)) for p in rows]
     pb, pt = solve(points)
-    m["device/refit/per_bucket_ms"] = round(pb * 1e3, 4)
-    m["device/refit/per_tensor_us"] = round(pt * 1e6, 3)
-    m["device/refit/formula"] = (f"2 x bytes / {rate} GB/s (measured device copy) + buckets x {pb * 1e3:.3f} ms + "
-                                 f"tensors x {pt * 1e6:.2f} us; fitted on the main bucket size, checked on the "
-                                 "held-out one")
-    for _, p in rows:
-        h = f"{p}/heldout"
+    m[f"{out}/per_bucket_ms"] = round(pb * 1e3, 4)
+    m[f"{out}/per_tensor_us"] = round(pt * 1e6, 3)
+    m[f"{out}/formula"] = (f"2 x bytes / {rate} GB/s (measured device copy) + buckets x {pb * 1e3:.3f} ms + "
+                           f"tensors x {pt * 1e6:.2f} us; fitted on the main bucket size, checked on the held-out one")
+    for p in rows:
+        h = f"{p}/heldout{v}"
         if f"{h}/sync_seconds" not in m:
             continue
-        pred = copies(p) + m[f"{h}/buckets"] * pb + m[f"{p}/tensors"] * pt
+        pred = copies(p) + m[f"{p}/heldout/buckets"] * pb + m[f"{p}/tensors"] * pt
         m[f"{h}/refit_predicted_s"] = round(pred, 4)
         m[f"{h}/refit_error"] = round(pred / m[f"{h}/sync_seconds"] - 1, 3)
-        m[f"{p}/refit_predicted_s"] = round(copies(p) + m[f"{p}/buckets"] * pb + m[f"{p}/tensors"] * pt, 4)
+        m[f"{p}{v}/refit_predicted_s"] = round(copies(p) + m[f"{p}/buckets"] * pb + m[f"{p}/tensors"] * pt, 4)
 
 
 def roofline_rows(m: dict, configs: dict[str, dict], bucket_mb: float) -> None:

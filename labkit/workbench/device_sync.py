@@ -99,11 +99,12 @@ class TrainerSide:
         self.pool = bk.BufferPool(normal, device=device, shared=device == "cpu", slots=slots)
         self.sizes = part_counts(t.name for t in tensors)
 
-    def sync(self, src: dict[str, torch.Tensor], delta: DeltaState | None = None) -> dict:
+    def sync(self, src: dict[str, torch.Tensor], delta: DeltaState | None = None, overlap: bool = True) -> dict:
         """Every bucket once; seconds of each phase, the storages the engine's handles resolved to. With two
-        buffers the next bucket packs while the engine applies this one; with one, only after its answer."""
+        buffers the next bucket packs while the engine applies this one; with one (or `overlap` off), only after
+        its answer."""
         r = {"pack": 0.0, "deserialize": 0.0, "apply": 0.0, "ptrs": [], "oversize_ptrs": []}
-        t0, pending, ahead = time.perf_counter(), None, len(self.pool.buffers) > 1
+        t0, pending, ahead = time.perf_counter(), None, overlap and len(self.pool.buffers) > 1
         for b in self.plan.buckets:
             if pending is not None and not ahead:  # one buffer: the previous bucket's answer frees it
                 pending = self._collect(r, *pending)
