@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
@@ -36,7 +37,13 @@ class Plan:
 # on an H100 for one Qwen3-30B-A3B expert layer (384 tensors of 3 MiB) against 822 GB/s as two strided copies;
 # for 1,536 tensors of 128 KiB it ran at 262 GB/s against 772 (data/copyruns_h100_*.json, scripts/copyruns_bench.py).
 GPU_MERGE_BELOW = 1 << 20
-_plans: dict[tuple[int, str], tuple[weakref.ref, Plan]] = {}  # (id(model), key) -> (the model, its plan)
+# (id(model), key) -> (the model, its plan), least recently used first. One sync replays one plan's buckets, each a
+# layout: the table must hold a whole plan, or every bucket of every sync compiles again. It was cleared past 64
+# layouts, and a 75-bucket sync (Qwen3-8B in 256 MiB buckets) recompiled its plans every sync: apply ran at 253
+# GB/s against 551 at 38 buckets on an H100 (data/device_check_h100_at_4938448.json, labkit bench device); a large model at
+# slime's 512 MiB has hundreds of buckets. A plan is views and indices, no tensor memory.
+MAX_PLANS = 1 << 14
+_plans: OrderedDict[tuple[int, str], tuple[weakref.ref, Plan]] = OrderedDict()
 
 
 def plan_for(model, key: str) -> Plan:
@@ -45,6 +52,7 @@ def plan_for(model, key: str) -> Plan:
     held = _plans.get((id(model), key))
     if held is None or held[0]() is not model or moved(model, held[1]):
         return _compile(model, key)
+    _plans.move_to_end((id(model), key))
     return held[1]
 
 
@@ -98,9 +106,10 @@ def _compile(model, key: str) -> Plan:
         plan.runs = [r for run in plan.runs for r in (copyruns.apart(run) if run.count > 1 and
                      math.prod(run.shape) * plan.dsts[0].element_size() >= GPU_MERGE_BELOW else [run])]
     plan.run_dsts = [_run_dst(run, plan.dsts[run.members[0]]) for run in plan.runs]
-    if len(_plans) > 64:  # layouts change with the bucket size; keep the table bounded
-        _plans.clear()
     _plans[(id(model), key)] = (weakref.ref(model), plan)
+    _plans.move_to_end((id(model), key))
+    while len(_plans) > MAX_PLANS:  # layouts change with the bucket size: the oldest go first
+        _plans.popitem(last=False)
     return plan
 
 

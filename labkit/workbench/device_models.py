@@ -101,6 +101,7 @@ def syncs(run, p: str, side: ds.TrainerSide, src: dict, warm: int, nbytes: int, 
         f"{p}/sync_seconds": round(sec, 4), f"{p}/sync_gbps": ds.gbps(nbytes, sec),
         f"{p}/pack_gbps": ds.gbps(nbytes, ds.median([r["pack"] for r in w])),
         f"{p}/apply_gbps": ds.gbps(nbytes, ds.median([r["apply"] for r in w])),
+        f"{p}/host_ms": {k: round(ds.median([r[k] for r in w]) * 1e3, 2) for k in ("pack_host", "apply_host")},
         f"{p}/vs_d2d": round(nbytes / sec / 1e9 / d2d, 3) if d2d else None,
         f"{p}/deserialize_ms_per_bucket": {"cold": round(rs[0]["deserialize"] / len(side.plan.buckets) * 1e3, 3),
                                            "warm": round(ds.median([r["deserialize"] for r in w])

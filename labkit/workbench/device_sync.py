@@ -103,7 +103,8 @@ class TrainerSide:
         """Every bucket once; seconds of each phase, the storages the engine's handles resolved to. With two
         buffers the next bucket packs while the engine applies this one; with one (or `overlap` off), only after
         its answer."""
-        r = {"pack": 0.0, "deserialize": 0.0, "apply": 0.0, "ptrs": [], "oversize_ptrs": []}
+        r = {"pack": 0.0, "pack_host": 0.0, "deserialize": 0.0, "apply": 0.0, "apply_host": 0.0, "ptrs": [],
+             "oversize_ptrs": []}
         t0, pending, ahead = time.perf_counter(), None, overlap and len(self.pool.buffers) > 1
         for b in self.plan.buckets:
             if pending is not None and not ahead:  # one buffer: the previous bucket's answer frees it
@@ -113,6 +114,7 @@ class TrainerSide:
             if b.oversize and self.device == "cpu":
                 out.share_memory_()
             flat = bk.pack(b, {m.name: src[m.name] for m in b.tensors}, out)
+            r["pack_host"] += time.perf_counter() - t
             synchronize(self.device)
             r["pack"] += time.perf_counter() - t
             if pending is not None:
@@ -129,9 +131,10 @@ class TrainerSide:
         return r
 
     def _collect(self, r: dict, b, flat) -> None:
-        deser, applied, ptr = self.engine.reply()
+        deser, applied, host, ptr = self.engine.reply()
         r["deserialize"] += deser
         r["apply"] += applied
+        r["apply_host"] += host
         r["oversize_ptrs" if b.oversize else "ptrs"].append(ptr)
         return None
 
