@@ -86,13 +86,13 @@ def cmd_bench(args) -> int:
 
         megatron = {"auto": None, "on": True, "off": False}[args.megatron]
         out = bench_device(args.device, size=args.size, deadline_s=args.deadline, warm=args.warm, out=args.out,
-                           megatron=megatron)
+                           megatron=megatron, bucket_mb=args.bucket_mb)
         emit(out, args.json)
         return 0 if out["device/verified"] else 1
     if args.what == "codec":  # no engine, no trainer, no Ray: the codec and the pack alone, on one device
         from labkit.workbench.codec_bench import bench_codec
 
-        out = bench_codec(args.device, bucket_mb=args.bucket_mb, reps=args.reps)
+        out = bench_codec(args.device, bucket_mb=args.bucket_mb or 32.0, reps=args.reps)
         write_run(out, args.out)
         emit(out, args.json)
         return 0 if out["bench/codec/verified"] else 1
@@ -102,9 +102,9 @@ def cmd_bench(args) -> int:
     if args.what == "delta":
         from labkit.workbench.delta_bench import bench_delta
 
-        out = bench_delta(spec, bucket_mb=args.bucket_mb, syncs=args.reps, progress=not args.json)
+        out = bench_delta(spec, bucket_mb=args.bucket_mb or 32.0, syncs=args.reps, progress=not args.json)
     else:
-        out = bench.bench_sync(spec, bucket_mb=args.bucket_mb, reps=args.reps, progress=not args.json)
+        out = bench.bench_sync(spec, bucket_mb=args.bucket_mb or 32.0, reps=args.reps, progress=not args.json)
     write_run(out, args.out)
     emit(out, args.json)
     return 0
@@ -225,7 +225,8 @@ def _add_bench_commands(sub) -> None:
     add_arguments(d, ServeBenchConfig, ("syncs", "max_requests", "backend"),
                   notes=dict.fromkeys(("syncs", "max_requests", "backend"), "(serve-sync)"))
     _model_arguments(d, "the bench's tiny MiMo (serve-sync: a tiny random MiMo)")
-    d.add_argument("--bucket-mb", type=_positive_float("bucket_mb"), default=32.0)
+    d.add_argument("--bucket-mb", type=_positive_float("bucket_mb"), default=None,
+                   help="bucket size in MiB (default 32; device: 512 on a GPU, 1 on CPU, the held-out size half of it)")
     d.add_argument("--reps", type=int, default=3)
     d.add_argument("--quick", action="store_true", help="a small model (tests)")
     d.add_argument("--out", default=None, help="also write the JSON here")

@@ -70,7 +70,7 @@ class Run:
 
 
 def bench_device(device: str = "auto", size: str = "auto", deadline_s: float = 330.0, warm: int = 5,
-                 out: str | None = None, megatron: bool | None = None) -> dict:
+                 out: str | None = None, megatron: bool | None = None, bucket_mb: float | None = None) -> dict:
     dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     if dev not in ("cpu", "cuda") or (dev == "cuda" and not torch.cuda.is_available()):
         raise ValueError(f"bench device: device={device!r} is not available here: expected auto, cpu or cuda "
@@ -81,17 +81,17 @@ def bench_device(device: str = "auto", size: str = "auto", deadline_s: float = 3
                          f"auto, {', '.join(dm.SIZES)}; warm >= 1; a positive deadline")
     run = Run(out, deadline_s)
     run.m.update(header(dev, size))
-    run.stage("d2d", 5, d2d, dev, dm.SIZES[size].d2d_bytes)
-    run.stage("hash", 5, hash_check, dev, dm.SIZES[size].d2d_bytes // 4)
+    sz = dm.SIZES[size] if bucket_mb is None else dm.with_bucket(dm.SIZES[size], bucket_mb)
+    run.stage("d2d", 5, d2d, dev, sz.d2d_bytes)
+    run.stage("hash", 5, hash_check, dev, sz.d2d_bytes // 4)
     engine = EngineProc(dev)
     try:
-        for i, (label, cfg) in enumerate(dm.SIZES[size].models):
-            run.stage(label, 30 if size == "full" else 5, dm.model_stage, engine, dev, label, cfg,
-                      dm.SIZES[size], warm, i == 0)
+        for i, (label, cfg) in enumerate(sz.models):
+            run.stage(label, 30 if size == "full" else 5, dm.model_stage, engine, dev, label, cfg, sz, warm, i == 0)
     finally:
         engine.close()
     run.stage("group", 5, group, dev)
-    dm.roofline(run.m, dev, size)
+    dm.roofline(run.m, dev, size, sz)
     if megatron if megatron is not None else dev == "cuda":
         from labkit.workbench.device_megatron import megatron_stage
 

@@ -7,7 +7,7 @@ enumerator, so the planner cuts them exactly as it would the real checkpoints.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -43,6 +43,11 @@ class Size:
 SIZES = {"full": Size((("qwen3-8b", QWEN3_8B), ("qwen3-30b-a3b-12l", QWEN3_30B_A3B_12L)), 512, 256, 4 << 30),
          "small": Size((("qwen3-8b", SMALL_DENSE), ("qwen3-30b-a3b-12l", SMALL_MOE)), 1, 2, 64 << 20)}
 FRACTIONS = (0.01, 0.03)
+
+
+def with_bucket(size: Size, bucket_mb: float) -> Size:
+    """`size` at another bucket size; the held-out size half of it."""
+    return replace(size, bucket_mb=bucket_mb, heldout_mb=bucket_mb / 2)
 
 
 def model_stage(run, engine: ds.EngineProc, dev: str, label: str, cfg: dict, size: Size, warm: int,
@@ -167,13 +172,13 @@ def hazard_probe(run, plan, src: dict, dev: str, engine: ds.EngineProc, algo: st
     run.m["device/hazard_params_corrupted"] = out
 
 
-def roofline(m: dict, dev: str, size: str) -> None:
+def roofline(m: dict, dev: str, size: str, sz: Size) -> None:
     """The roofline beside each measured sync (its bound and its prediction with CPU-measured overheads, on this
     GPU's profile), then overheads refit from this run and their prediction of the held-out bucket size."""
     from labkit.workbench.device_refit import refit, roofline_rows
 
-    labels = [label for label, _ in SIZES[size].models]
+    labels = [label for label, _ in sz.models]
     if dev == "cuda" and size == "full":
-        roofline_rows(m, dict(SIZES[size].models), SIZES[size].bucket_mb)
+        roofline_rows(m, dict(sz.models), sz.bucket_mb)
     refit(m, labels)
     refit(m, labels, "serial")
