@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 
 from labkit.cli_io import COMMAND, emit, write_run
@@ -86,7 +87,7 @@ def cmd_bench(args) -> int:
 
         megatron = {"auto": None, "on": True, "off": False}[args.megatron]
         out = bench_device(args.device, size=args.size, deadline_s=args.deadline, warm=args.warm, out=args.out,
-                           megatron=megatron, bucket_mb=args.bucket_mb)
+                           megatron=megatron, bucket_mb=args.bucket_mb, command=shlex.join(["labkit", *COMMAND]))
         emit(out, args.json)
         return 0 if out["device/verified"] else 1
     if args.what == "codec":  # no engine, no trainer, no Ray: the codec and the pack alone, on one device

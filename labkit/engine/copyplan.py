@@ -38,10 +38,10 @@ class Plan:
 # for 1,536 tensors of 128 KiB it ran at 262 GB/s against 772 (data/copyruns_h100_*.json, scripts/copyruns_bench.py).
 GPU_MERGE_BELOW = 1 << 20
 # (id(model), key) -> (the model, its plan), least recently used first. One sync replays one plan's buckets, each a
-# layout: the table must hold a whole plan, or every bucket of every sync compiles again. It was cleared past 64
-# layouts, and a 75-bucket sync (Qwen3-8B in 256 MiB buckets) recompiled its plans every sync: apply ran at 253
-# GB/s against 551 at 38 buckets on an H100 (data/device_check_h100_at_4938448.json, labkit bench device); a large model at
-# slime's 512 MiB has hundreds of buckets. A plan is views and indices, no tensor memory.
+# layout, so the table holds whole plans (a large model in 512 MiB buckets has hundreds): a table smaller than the
+# plan compiles every bucket of every sync again. What that costs, Qwen3-8B in 75 buckets on an H100 (labkit bench
+# device): apply at 253 GB/s with a 64-layout table (data/device_check_h100_at_4938448.json) against 442 with this
+# one (data/device_check_h100.json). A plan is views and indices, no tensor memory.
 MAX_PLANS = 1 << 14
 _plans: OrderedDict[tuple[int, str], tuple[weakref.ref, Plan]] = OrderedDict()
 

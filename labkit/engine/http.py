@@ -10,7 +10,6 @@ request with a timeout.
 from __future__ import annotations
 
 import base64
-import io
 import json
 import os
 import signal

@@ -38,18 +38,16 @@ STANDIN = ("stand-in: SGLang-shaped parameters (qkv_proj, gate_up_proj, w13_weig
 class Run:
     """The results so far, written to `out` after every stage; the time left before `deadline_s`."""
 
-    def __init__(self, out: str | None, deadline_s: float):
+    def __init__(self, out: str | None, deadline_s: float, command: str | None = None):
         self.m: dict = {}
-        self.out, self.deadline = out, time.monotonic() + deadline_s
+        self.out, self.deadline, self.command = out, time.monotonic() + deadline_s, command
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
     def write(self) -> None:
         if self.out:
-            from labkit.cli_io import COMMAND
-
-            record = {"command": " ".join(["labkit", *COMMAND]), **self.m}
+            record = {"command": self.command, **self.m}
             Path(self.out).parent.mkdir(parents=True, exist_ok=True)
             Path(self.out).write_text(json.dumps(record, indent=1, default=str))
 
@@ -70,7 +68,10 @@ class Run:
 
 
 def bench_device(device: str = "auto", size: str = "auto", deadline_s: float = 330.0, warm: int = 5,
-                 out: str | None = None, megatron: bool | None = None, bucket_mb: float | None = None) -> dict:
+                 out: str | None = None, megatron: bool | None = None, bucket_mb: float | None = None,
+                 command: str | None = None) -> dict:
+    """Every stage that fits in `deadline_s`; the results (also written to `out` after each stage, led by
+    `command`). `megatron` None: stage 5 on a GPU only. `bucket_mb`: the main bucket size (held out: half)."""
     dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     if dev not in ("cpu", "cuda") or (dev == "cuda" and not torch.cuda.is_available()):
         raise ValueError(f"bench device: device={device!r} is not available here: expected auto, cpu or cuda "
@@ -79,7 +80,7 @@ def bench_device(device: str = "auto", size: str = "auto", deadline_s: float = 3
     if size not in dm.SIZES or warm < 1 or deadline_s <= 0:
         raise ValueError(f"bench device: size={size!r}, warm={warm}, deadline_s={deadline_s}: expected size one of "
                          f"auto, {', '.join(dm.SIZES)}; warm >= 1; a positive deadline")
-    run = Run(out, deadline_s)
+    run = Run(out, deadline_s, command)
     run.m.update(header(dev, size))
     sz = dm.SIZES[size] if bucket_mb is None else dm.with_bucket(dm.SIZES[size], bucket_mb)
     run.stage("d2d", 5, d2d, dev, sz.d2d_bytes)

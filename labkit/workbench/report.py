@@ -13,6 +13,7 @@ from pathlib import Path
 from labkit.sync.roofline import fmt_seconds as _secs
 from labkit.sync.roofline_overheads import stored_pairs
 from labkit.workbench.report_bench import bench_table, family_syncs_table, repeats_table
+from labkit.workbench.report_device import device_table
 from labkit.workbench.report_mtp import drafts_table, mtp_table
 from labkit.workbench.report_mtp import md_row as _row
 
@@ -172,12 +173,13 @@ TABLES = {"mtp": ("mtp_experiment_cpu.json", mtp_table),
           "bench-sync-moe": ("bench_sync_moe_cpu.json", bench_table),
           "bench-sync-repeats": ("bench_sync_cpu_2.json", repeats_table),
           "bench-codec": ("bench_codec_*.json", codec_table),
+          "device-check": ("device_check_*.json", device_table),
           "family-syncs": ("sync_*_cpu.json", family_syncs_table),
           "roofline": ("roofline_published.json", roofline_table),
           "roofline-models": ("roofline_published.json", roofline_models_table)}
 
 
-MULTI = {"bench-codec", "family-syncs", "serve-sync"}  # several runs of one bench, not paired with the MTP run
+MULTI = {"bench-codec", "family-syncs", "serve-sync", "device-check"}  # several runs of one bench, not paired with the MTP run
 PAIRS = {"bench-sync-repeats"}  # every stored run of the bench pair (labkit.sync.roofline_overheads.stored_pairs)
 
 

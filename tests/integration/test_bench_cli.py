@@ -57,3 +57,28 @@ def test_tune_cli_sweeps_under_budget_and_autotunes():
 def test_bad_cli_flags_fail_before_anything_starts(args, match):
     rc, out, err = _labkit(*args, timeout=60)
     assert rc != 0 and match in err, err[-2000:]
+
+
+DEVICE_KEYS = ["device/name", "device/d2d_gbps", "device/nccl_ok", "device/hazard_params_corrupted",
+               "device/group_ok", "device/hash_host_equals_device"]
+DEVICE_MODEL_KEYS = ["pack_gbps", "apply_gbps", "sync_seconds", "vs_d2d", "ipc_opened_once", "verified",
+                     "flip_caught", "delta_verified"]
+
+
+def test_bench_device_runs_its_stages_on_cpu_and_stores_them(tmp_path):
+    """The GPU device check in its small size on CPU (what CI can run, so the command cannot rot): every stage,
+    its own checks passing, the run stored with its command and commit."""
+    out = tmp_path / "device.json"
+    rc, lines, err = _labkit("bench", "device", "--json", "--megatron", "off", "--warm", "2", "--out", str(out))
+    assert rc == 0, err[-3000:]
+    m = json.loads(lines[-1])
+    for k in DEVICE_KEYS:
+        assert k in m, k
+    for model in ("qwen3-8b", "qwen3-30b-a3b-12l"):
+        for k in DEVICE_MODEL_KEYS:
+            assert f"device/{model}/{k}" in m, (model, k)
+        assert m[f"device/{model}/verified"] is True and m[f"device/{model}/flip_caught"] is True
+        assert m[f"device/{model}/apply_path"][1] == 0  # every tensor by the copy plan
+    assert m["device/verified"] is True and m["device/size"] == "small" and "stand-in" in m["device/engine"]
+    stored = json.loads(out.read_text())
+    assert stored["command"].startswith("labkit bench device") and stored["device/commit"]
