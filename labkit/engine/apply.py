@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import weakref
 from collections import OrderedDict
 
@@ -196,7 +197,7 @@ def _sources(flat: torch.Tensor, key: str, plan: copyplan.Plan) -> list[torch.Te
         base = held[0].untyped_storage()
         off = flat.storage_offset()  # the whole segment: a later bucket in this buffer may be larger
         # On the buffer's device: a CPU tensor pointed at a CUDA storage raises "Attempted to set the storage of a
-        # tensor on device cpu to a storage on different device cuda:0" (tests/unit/test_apply.py, meta device).
+        # tensor on device cpu to a storage on different device cuda:0" (tests/unit/test_gpu_path_on_cpu.py: meta).
         buf = torch.empty(0, dtype=torch.uint8, device=flat.device).set_(base, off, (base.nbytes() - off,))
         views = held[1][key] = [buf[a:b].view(getattr(torch, d)).view(s) for _, d, s, a, b in plan.entries]
     return views
@@ -234,11 +235,10 @@ def _memo_derived_weight_check() -> None:
     if _memo_done:
         return
     _memo_done = True
-    try:
-        import sglang  # SGLang is crossed here only (inside its scheduler)
-        from sglang.srt.model_executor.model_runner_components import weight_updater as wu
-    except ImportError:  # no SGLang in this process (labkit bench device's engine stand-in): nothing to memo
+    if "sglang" not in sys.modules:  # not inside SGLang's scheduler (labkit bench device's stand-in): nothing to memo
         return
+    import sglang  # SGLang is crossed here only (inside its scheduler)
+    from sglang.srt.model_executor.model_runner_components import weight_updater as wu
 
     original = getattr(wu, "_unsupported_derived_weight_cache_error", None)
     if sglang.__version__ != "0.5.23" or original is None:

@@ -69,7 +69,7 @@ def test_bench_device_runs_its_stages_on_cpu_and_stores_them(tmp_path):
     """The GPU device check in its small size on CPU (what CI can run, so the command cannot rot): every stage,
     its own checks passing, the run stored with its command and commit."""
     out = tmp_path / "device.json"
-    rc, lines, err = _labkit("bench", "device", "--json", "--megatron", "off", "--warm", "2", "--out", str(out))
+    rc, lines, err = _labkit("bench", "device", "--json", "--megatron", "off", "--warm", "1", "--out", str(out))
     assert rc == 0, err[-3000:]
     m = json.loads(lines[-1])
     for k in DEVICE_KEYS:

@@ -85,10 +85,11 @@ def test_ipc_payloads_are_what_sglang_admits_and_read_back():
 
     assert ipc.ALLOWED <= SafeUnpickler.ALLOWED_GLOBALS, sorted(ipc.ALLOWED - SafeUnpickler.ALLOWED_GLOBALS)
     flat = torch.arange(64, dtype=torch.uint8).share_memory_()
-    payload = ipc.dumps([("labkit-flat/1:[]", flat)])
-    assert _globals(payload) <= ipc.ALLOWED
-    for got in (ipc.loads(payload), ipc.loads(ipc.dumps_str([("k", flat)])),
-                MultiprocessingSerializer.deserialize(payload)):
+    # One read per payload: writing a shm handle takes a reference to its file that the read gives back (torch's
+    # file_system strategy), so a payload never read, or read twice, would leave the file behind or drop it early.
+    assert _globals(ipc.dumps([("labkit-flat/1:[]", flat)])) <= ipc.ALLOWED
+    for got in (ipc.loads(ipc.dumps([("k", flat)])), ipc.loads(ipc.dumps_str([("k", flat)])),
+                MultiprocessingSerializer.deserialize(ipc.dumps([("k", flat)]))):
         assert torch.equal(got[0][1], flat)
     with pytest.raises(pickle.UnpicklingError, match="posix.system is not one"):
         ipc.loads(pickle.dumps(os.system))

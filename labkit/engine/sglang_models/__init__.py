@@ -5,20 +5,14 @@ imports its own model zoo only on demand (which also shortens engine start). The
 models with small additions; their forward is untouched (see each module for what its load path adds).
 """
 
+import sys as _sys
+
 import torch as _torch
 
-
-def _sglang_here() -> bool:
-    try:
-        import sglang  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-# Imported in SGLang's scheduler before any batch forms: seeds apply to all. Where SGLang is absent (labkit bench
-# device's engine stand-in uses the weights mixin) there is nothing to patch.
-if not _torch.cuda.is_available() and _sglang_here():
+# SGLang imports this package in its scheduler (SGLANG_EXTERNAL_MODEL_PACKAGE), SGLang itself loaded by then and
+# before any batch forms: the seeds apply to every batch. A process that uses labkit's weights mixin without
+# SGLang (labkit bench device's engine stand-in) has nothing to patch, and importing SGLang there cost ~10 s.
+if not _torch.cuda.is_available() and "sglang" in _sys.modules:
     from labkit.compat import seeded as _seeded
 
     _seeded.patch_sampling_seeds()

@@ -21,6 +21,7 @@ TP=1 only (what a CPU engine runs; at TP>1 each rank's loader cuts its own shard
 from __future__ import annotations
 
 import logging
+import sys
 
 import torch
 
@@ -133,11 +134,10 @@ def install_checksum() -> bool:
     global _checksum_installed
     if _checksum_installed:
         return True
-    try:
-        import sglang  # SGLang is crossed here only (inside its scheduler)
-        from sglang.srt.utils import weight_checker as wc
-    except ImportError:  # a model built where SGLang is absent (labkit bench device's engine stand-in)
+    if "sglang" not in sys.modules:  # a model built outside SGLang's scheduler (labkit bench device's stand-in)
         return False
+    import sglang  # SGLang is crossed here only (inside its scheduler)
+    from sglang.srt.utils import weight_checker as wc
 
     original = getattr(wc, "_hash_tensor", None)
     if sglang.__version__ != "0.5.23" or original is None:
