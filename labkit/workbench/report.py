@@ -179,7 +179,8 @@ TABLES = {"mtp": ("mtp_experiment_cpu.json", mtp_table),
           "roofline-models": ("roofline_published.json", roofline_models_table)}
 
 
-MULTI = {"bench-codec", "family-syncs", "serve-sync", "device-check"}  # several runs of one bench, not paired with the MTP run
+# several runs of one bench, not paired with the MTP run
+MULTI = {"bench-codec", "family-syncs", "serve-sync", "device-check"}
 PAIRS = {"bench-sync-repeats"}  # every stored run of the bench pair (labkit.sync.roofline_overheads.stored_pairs)
 
 

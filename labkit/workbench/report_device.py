@@ -44,8 +44,9 @@ def device_table(runs: list[tuple[str, dict]]) -> list[str]:
                 f"({m[f'{held}/bucket_bytes'] >> 20} MiB)"]))
         hz = m.get("device/hazard_params_corrupted", {})
         notes.append(f"`data/{name}`: device copy {m['device/d2d_gbps']:.0f} GB/s (one copy of 4 GiB; "
-                     f"{m['device/d2d_rw_gbps']:.0f} counting read and write); refit {m.get('device/refit/per_bucket_ms')}"
-                     f" ms per bucket + {m.get('device/refit/per_tensor_us')} µs per tensor; ack-before-copy probe: "
+                     f"{m['device/d2d_rw_gbps']:.0f} counting read and write); refit "
+                     f"{m.get('device/refit/per_bucket_ms')} ms per bucket + {m.get('device/refit/per_tensor_us')} µs "
+                     "per tensor; ack-before-copy probe: "
                      f"{hz.get('ack_before_copy')} parameters corrupted without the loader's wait, "
                      f"{hz.get('sync_before_ack')} with it; one-rank NCCL group: {m.get('device/nccl_ok')}; "
                      f"{_megatron(m)}; `device/verified` {m['device/verified']}")
