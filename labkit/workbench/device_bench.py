@@ -47,7 +47,7 @@ class Run:
 
     def write(self) -> None:
         if self.out:
-            record = {"command": self.command, **self.m}
+            record = {"command": self.command, **provenance(self.m), **self.m}
             Path(self.out).parent.mkdir(parents=True, exist_ok=True)
             Path(self.out).write_text(json.dumps(record, indent=1, default=str))
 
@@ -109,6 +109,20 @@ def header(dev: str, size: str) -> dict:
             "device/cuda": torch.version.cuda, "device/python": platform.python_version(),
             "device/host": platform.node(), "device/engine": STANDIN,
             "device/checksum": "labkit.engine.checksum.device_checksum on both sides (torch)"}
+
+
+def provenance(m: dict) -> dict:
+    """What made the run, at the top of the stored file: commit, host, versions (from the header's fields)."""
+    from importlib import metadata
+
+    versions = {"python": m.get("device/python"), "torch": m.get("device/torch"), "cuda": m.get("device/cuda")}
+    for dist in ("megatron-core", "mbridge", "sglang"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = None
+    return {"commit": m.get("device/commit"), "host": m.get("device/host"), "device": m.get("device/name"),
+            "versions": versions}
 
 
 def commit() -> str | None:

@@ -82,3 +82,4 @@ def test_bench_device_runs_its_stages_on_cpu_and_stores_them(tmp_path):
     assert m["device/verified"] is True and m["device/size"] == "small" and "stand-in" in m["device/engine"]
     stored = json.loads(out.read_text())
     assert stored["command"].startswith("labkit bench device") and stored["device/commit"]
+    assert stored["commit"] == stored["device/commit"] and stored["versions"]["torch"] and stored["host"]
