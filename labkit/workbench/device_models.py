@@ -123,7 +123,8 @@ def syncs(run, p: str, side: ds.TrainerSide, src: dict, warm: int, nbytes: int, 
 
 def flip(run, p: str, side: ds.TrainerSide, src: dict, engine: ds.EngineProc) -> None:
     """One bit of one engine parameter flipped after a verified sync: verification must fail, naming it."""
-    name = sorted(side.expected(src))[len(side.expected(src)) // 2]
+    names = sorted(side.expected(src))  # a hash pass over the whole model: once
+    name = names[len(names) // 2]
     engine.call("flip", name)
     v = side.verify(src)
     engine.call("flip", name)
@@ -161,9 +162,9 @@ def hazard_probe(run, plan, src: dict, dev: str, engine: ds.EngineProc, algo: st
     side = ds.TrainerSide(tensors, plan.bucket_bytes, dev, engine, algo, slots=1)
     out = {}
     try:
-        for k, settle in (("ack_before_copy", False), ("sync_before_ack", True)):
+        for i, (k, settle) in enumerate((("ack_before_copy", False), ("sync_before_ack", True))):
             engine.call("settle", settle)
-            ds.bump(src, 200 + settle)
+            ds.bump(src, 200 + i)
             side.sync(src)
             out[k] = side.verify(src)["corrupted"]
     finally:

@@ -108,7 +108,8 @@ class TrainerSide:
         t0, pending, ahead = time.perf_counter(), None, overlap and len(self.pool.buffers) > 1
         for b in self.plan.buckets:
             if pending is not None and not ahead:  # one buffer: the previous bucket's answer frees it
-                pending = self._collect(r, *pending)
+                self._collect(r, *pending)
+                pending = None
             t = time.perf_counter()
             out = self.pool.take() if not b.oversize else torch.empty(b.nbytes, dtype=torch.uint8, device=self.device)
             if b.oversize and self.device == "cpu":
@@ -118,7 +119,7 @@ class TrainerSide:
             synchronize(self.device)
             r["pack"] += time.perf_counter() - t
             if pending is not None:
-                pending = self._collect(r, *pending)
+                self._collect(r, *pending)
             key = bk.layout_key(b)
             if delta is not None:  # after the previous answer: the payload pool has one slot
                 flat, key = delta.encode(b, flat, key)
@@ -136,7 +137,6 @@ class TrainerSide:
         r["apply"] += applied
         r["apply_host"] += host
         r["oversize_ptrs" if b.oversize else "ptrs"].append(ptr)
-        return None
 
     def expected(self, src: dict[str, torch.Tensor]) -> dict[str, str]:
         hook = Checksums(self.sizes, 1, self.algo)
