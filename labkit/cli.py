@@ -17,7 +17,7 @@ from labkit.compat import quiet
 from labkit.config import ParallelSpec, add_arguments
 from labkit.engine.config import EngineConfig
 from labkit.sync.config import SyncConfig
-from labkit.workbench.serve_sync import ServeBenchConfig
+from labkit.lab.bench.serve import ServeBenchConfig
 
 
 def cmd_doctor(args) -> int:
@@ -72,7 +72,7 @@ def cmd_sync(args) -> int:
 
 def cmd_pretrain(args) -> int:
     from labkit.models.tiny import DEFAULT_DIR
-    from labkit.workbench.pretrain import pretrain
+    from labkit.lab.pretrain import pretrain
 
     emit(pretrain(args.out or DEFAULT_DIR, steps=args.steps, noise=args.noise, post_steps=args.post_steps,
                    progress=not args.json), args.json)
@@ -83,7 +83,7 @@ def cmd_bench(args) -> int:
     if args.what == "serve-sync":
         return cmd_serve_sync(args)
     if args.what == "device":  # no SGLang, Ray or Megatron needed: the data path on one device, stage by stage
-        from labkit.workbench.device_bench import bench_device
+        from labkit.lab.device.bench import bench_device
 
         megatron = {"auto": None, "on": True, "off": False}[args.megatron]
         out = bench_device(args.device, size=args.size, deadline_s=args.deadline, warm=args.warm, out=args.out,
@@ -91,17 +91,17 @@ def cmd_bench(args) -> int:
         emit(out, args.json)
         return 0 if out["device/verified"] else 1
     if args.what == "codec":  # no engine, no trainer, no Ray: the codec and the pack alone, on one device
-        from labkit.workbench.codec_bench import bench_codec
+        from labkit.lab.bench.codec import bench_codec
 
         out = bench_codec(args.device, bucket_mb=args.bucket_mb or 32.0, reps=args.reps)
         write_run(out, args.out)
         emit(out, args.json)
         return 0 if out["bench/codec/verified"] else 1
-    from labkit.workbench import sync_bench as bench
+    from labkit.lab.bench import sync as bench
 
     spec = args.model or (bench.QUICK_SPEC if args.quick else bench.BENCH_SPEC)
     if args.what == "delta":
-        from labkit.workbench.delta_bench import bench_delta
+        from labkit.lab.bench.delta import bench_delta
 
         out = bench_delta(spec, bucket_mb=args.bucket_mb or 32.0, syncs=args.reps, progress=not args.json)
     else:
@@ -112,7 +112,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_serve_sync(args) -> int:
-    from labkit.workbench import serve_sync as sb
+    from labkit.lab.bench import serve as sb
 
     # Validate every flag before anything starts (ServeBenchConfig names the bad value).
     default = ("abort",) if args.backend == "actor" else sb.MODES  # the actor answers one call at a time
@@ -127,7 +127,7 @@ def cmd_serve_sync(args) -> int:
 
 
 def cmd_tune(args) -> int:
-    from labkit.workbench import sync_bench as bench
+    from labkit.lab.bench import sync as bench
 
     spec = args.model or (bench.QUICK_SPEC if args.quick else bench.BENCH_SPEC)
     out = bench.tune(spec, transport=args.transport, lo_mb=args.lo_mb, hi_mb=args.hi_mb,
@@ -138,7 +138,7 @@ def cmd_tune(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from labkit.workbench import report
+    from labkit.lab.report import generate as report
 
     stale = report.update(check=args.check)
     print(f"README tables {'stale' if args.check else 'rebuilt'}: {', '.join(stale) or 'none'}")
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return notebook_cli.main(argv[1:])
     if argv[:1] == ["roofline"]:  # its own parser: flags from the roofline's Scenario and Layout
-        from labkit.workbench import roofline_nb
+        from labkit.lab.roofline import notebook as roofline_nb
 
         return roofline_nb.main(argv[1:])
     args = build_parser().parse_args(argv)

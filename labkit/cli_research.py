@@ -37,7 +37,8 @@ def cmd_mtp_experiment(args) -> int:
 
 
 def cmd_faults(args) -> int:
-    from labkit.workbench import fault_harness, faults
+    from labkit.lab.faults import harness as fault_harness
+    from labkit.lab.faults import plan as faults
 
     # Validate every flag before anything starts (FaultsConfig names the bad value).
     default = faults.FaultsConfig()

@@ -11,7 +11,7 @@
 #
 # Small buckets pay a per-bucket cost (on a GPU one engine call each); large ones lose the pack/load overlap and
 # cost memory (two buckets are in flight, so the budget admits buckets up to half of it). On a GPU the two meet
-# in a U. On the CPU default a colocated sync is one engine call (`labkit.engine.ring`), so the curve falls only
+# in a U. On the CPU default a colocated sync is one engine call (`labkit.engine.inside.ring`), so the curve falls only
 # while tensors larger than a bucket travel alone, then stays flat within noise (16 to 256 MiB buckets of the
 # 303 MB `bench` model, `data/notebook04_bench_cpu.json`): there any size under the budget will do. We sweep log-spaced sizes under the budget with real syncs, let the autotuner (a discrete
 # golden-section search) pick one in a few trials, then sync once more at the chosen size and verify it.
@@ -19,7 +19,7 @@
 # The tuned quantity is the **weight-moving time** (`timing/sync/weight_moving`): a sync's wall time minus
 # verification, one-off setup (plan, buffers) and the session's fixed calls (begin/end, cache flush, version
 # tag), which do not depend on the bucket size. `labkit tune` measures it with the same function
-# (`labkit.workbench.sync_bench.sync_measure`), so the notebook and the command pick the same size for the same model.
+# (`labkit.lab.bench.sync.sync_measure`), so the notebook and the command pick the same size for the same model.
 # `tune/pick_vs_sweep_best` is the sweep's time at the tuner's pick over the sweep's best (1.0: it found the best).
 #
 # The default model is `quick` (16 MB, the tiny family scaled up, random weights): on the shipped 2.5 MB
@@ -55,7 +55,7 @@ if MIN_MB > MAX_MB:
     raise ValueError(f"MIN_MB={MIN_MB!r} is invalid: expected <= MAX_MB={MAX_MB!r}")
 
 # %%
-from labkit.workbench import experiments as ex
+from labkit.lab.bench import sync as bench
 from labkit.workbench import viz
 from labkit.sync import SyncConfig, tune
 from labkit.workbench import Workbench
@@ -71,13 +71,13 @@ nb.record(wb.timings)
 
 # %%
 phases = []
-measure = ex.sync_measure(wb, TRANSPORT, repeats=REPEATS, memory_budget_mb=MEMORY_BUDGET_MB, keep=phases)
+measure = bench.sync_measure(wb, TRANSPORT, repeats=REPEATS, memory_budget_mb=MEMORY_BUDGET_MB, keep=phases)
 curve = tune.sweep(measure, sizes)
 
 # %%
-best = tune.autotune(ex.sync_measure(wb, TRANSPORT, repeats=REPEATS, memory_budget_mb=MEMORY_BUDGET_MB), sizes,
+best = tune.autotune(bench.sync_measure(wb, TRANSPORT, repeats=REPEATS, memory_budget_mb=MEMORY_BUDGET_MB), sizes,
                      max_trials=MAX_TRIALS)
-nb.record({"tune/metric": ex.TUNED_KEY, "tune/best_bucket_bytes": best["best_bucket_bytes"],
+nb.record({"tune/metric": bench.TUNED_KEY, "tune/best_bucket_bytes": best["best_bucket_bytes"],
            "tune/pick_vs_sweep_best": round(tune.pick_vs_best(curve, best["best_bucket_bytes"]), 4),
            "tune/best_seconds": best["best_seconds"], "tune/trials": len(best["trials"]), "tune/sizes": len(sizes),
            "tune/curve": curve})

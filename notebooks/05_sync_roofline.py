@@ -11,13 +11,13 @@
 #
 # A CPU box cannot time a 1-trillion-parameter sync, but it can count what one carries and what the links allow.
 # From a model's config.json alone (a shipped real config, labkit's tiny MiMo, or any `config.json` path)
-# `labkit.sync.roofline` enumerates every tensor a sync moves (HF names, shapes, bf16 or block FP8), and for a
+# `labkit.lab.roofline.bounds` enumerates every tensor a sync moves (HF names, shapes, bf16 or block FP8), and for a
 # GPU profile gives each transport's **bound**: the time no sync over it can beat, set by the one link every byte
 # crosses (colocated CUDA IPC: one HBM copy per byte; NVLink broadcast; a single-NIC RDMA broadcast; all-ranks
 # P2P over min(sender NICs, receiver NICs)). The **predicted** time adds the per-bucket and per-tensor costs
 # labkit measured on its own syncs: on a 2-core CPU box (`labkit bench sync`, notebook 04), so they say how
 # software overhead scales with tensor and bucket counts, not what a GPU pays. They are parameters
-# (`labkit.sync.roofline.Overheads`): plug in your GPU's.
+# (`labkit.lab.roofline.bounds.Overheads`): plug in your GPU's.
 #
 # Then the published systems beside their limits (how far each is from its transport's bound), and a what-if
 # over bucket size at scale beside the CPU curve it extrapolates from. Nothing here starts Ray, a trainer or an
@@ -45,7 +45,7 @@ MAX_MB = 8192.0  # what-if: largest bucket (MiB)
 INTERACTIVE = False  # True in JupyterLab: model / weights / hardware / bucket controls with a Run button
 
 # %% tags=["validate"]
-from labkit.sync import roofline as rf
+from labkit.lab.roofline import bounds as rf
 
 nb.check_params(globals(), {
     "MODEL": nb.Str(), "WEIGHTS": nb.Choice.of(rf.Scenario, "weights"), "MTP": nb.Bool(),
@@ -66,7 +66,7 @@ if MIN_MB > MAX_MB:
 # is left of the bench model's time; per call of the per-tensor transport, its time less one copy, per tensor.
 
 # %%
-from labkit.workbench import roofline_nb as rn
+from labkit.lab.roofline import notebook as rn
 
 over = rn.overheads()
 

@@ -1,5 +1,5 @@
 """Time one MoE bucket's apply as one copy per tensor (`torch._foreach_copy_`, labkit's apply before
-labkit.engine.copyruns) against every progression merged into strided copies, on CPU or CUDA, and says how many
+labkit.engine.inside.copyruns) against every progression merged into strided copies, on CPU or CUDA, and says how many
 copies labkit's plan makes there (`copies_in_labkit_plan`: on a GPU large pieces stay apart); prints one JSON line.
 
     python scripts/copyruns_bench.py [--device cuda] [--experts 128 --inter 768 --hidden 2048 --dtype bfloat16]
@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from labkit.engine import apply, copyplan  # noqa: E402
+from labkit.engine.inside import apply
+from labkit.engine.inside import copyplan  # noqa: E402
 
 
 class Experts(nn.Module):

@@ -11,8 +11,8 @@ import shutil
 import sys
 import tempfile
 
-from labkit.workbench.fault_harness import Harness
-from labkit.workbench.faults import FaultsConfig, Trial
+from labkit.lab.faults.harness import Harness
+from labkit.lab.faults.plan import FaultsConfig, Trial
 
 TRIALS = [Trial("exception", "direct", "sync.bucket", "raise", 0.5),
           Trial("trainer_killed", "direct", "sync.bucket", "wait", 0.6),

@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from labkit.sync import SyncConfig  # noqa: E402
 from labkit.workbench.core import Workbench  # noqa: E402
-from labkit.workbench.sync_bench import BENCH_SPEC, bench_model_dir, weight_moving_seconds  # noqa: E402
+from labkit.lab.bench.sync import BENCH_SPEC, bench_model_dir, weight_moving_seconds  # noqa: E402
 
 
 def main() -> None:

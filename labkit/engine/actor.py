@@ -22,7 +22,7 @@ from labkit.engine.errors import EngineUnreachable
 
 # Ray, SGLang and torch are imported where they are crossed: labkit.engine.http imports this module for
 # MODEL_PACKAGE, and importing labkit.engine stays cheap.
-MODEL_PACKAGE = "labkit.engine.sglang_models"
+MODEL_PACKAGE = "labkit.engine.inside.sglang_models"
 
 
 def _ok(res) -> dict:

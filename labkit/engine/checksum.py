@@ -6,13 +6,13 @@ on one core of the 2-core box), a device tensor with its own non-cryptographic k
 hashes the whole model three times (the trainer's expectation, the engine after the sync, the engine before it
 for the guard): on the 0.32 GB bench model that was ~0.75 s of a 0.98 s end-to-end sync, against 0.19 s of
 moving the weights (the guard's hash is now answered from the engine's memo where nothing wrote in
-between: labkit.engine.checkmemo). xxh3-64 (the `xxhash` package SGLang itself depends on) reads ~11 GB/s.
+between: labkit.engine.inside.checkmemo). xxh3-64 (the `xxhash` package SGLang itself depends on) reads ~11 GB/s.
 Like SGLang's device
 hash it guards against accidents (a wrong offset, a stale slice, a bucket that never landed), not an adversary:
 trainer and engine are one trust domain. Both values are 64 bits (sha256's first 8 bytes), so the chance that a
 changed tensor keeps its checksum is 2^-64 either way.
 
-labkit's model classes install it in SGLang's checker (`labkit.engine.sglang_models.weights.install_checksum`)
+labkit's model classes install it in SGLang's checker (`labkit.engine.inside.sglang_models.weights.install_checksum`)
 and say so when asked (`CHECKSUM_NAME`); an engine without them (a foreign server, SGLang's own model classes)
 keeps sha256 and the trainer hashes with that (`EngineHandle.checksum_algo`). An xxh3 value reads
 `xxh3:<16 hex>`: two sides that disagree on the algorithm fail verification as such, never by coincidence.
@@ -39,7 +39,7 @@ DEFAULT: Algo = "xxh3_64"
 PREFIX = "xxh3:"
 DEVICE_PREFIX = "lkdev:"
 # get_weights_by_name(CHECKSUM_NAME) -> [[1, memo hits, memo on]] when the engine's checker hashes CPU tensors with
-# xxh3 (labkit's models; the memo: labkit.engine.checkmemo)
+# xxh3 (labkit's models; the memo: labkit.engine.inside.checkmemo)
 CHECKSUM_NAME = "labkit.apply/checksum"
 
 

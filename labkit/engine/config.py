@@ -15,8 +15,8 @@ DTYPES, LOG_LEVELS, PAUSE_MODES, SPEC_ALGORITHMS = (get_args(t) for t in (Dtype,
 # SGLang sizes a CPU engine's KV cache from free RAM when neither sizing field is given (about 30M tokens,
 # 14 GB, for the tiny model on a 23 GB box). On CPU we cap it unless told otherwise.
 CPU_DEFAULT_MAX_TOTAL_TOKENS = 16384
-# labkit's engine-side apply (labkit.engine.apply.load_flat), listed in SGLang's `custom_weight_loader` at launch.
-APPLY_FORMAT = "labkit.engine.apply.load_flat"
+# labkit's engine-side apply, listed in SGLang's `custom_weight_loader` at launch.
+APPLY_FORMAT = "labkit.engine.inside.apply.load_flat"
 
 
 def _pos_int(label: str, v, allowed: str = "a positive int") -> None:

@@ -1,7 +1,7 @@
 """The engine contract: how HF tensor names land in the engine's parameters, and which tensors it accepts.
 
 Written down once, here, for everyone who needs it: the bucket planner (labkit.sync.plan), the verifier
-(labkit.sync.verify), the engine's model code (labkit.engine.sglang_models.mimo) and the engine handle.
+(labkit.sync.verify), the engine's model code (labkit.engine.inside.sglang_models.mimo) and the engine handle.
 Two copies of these facts drift, and each drift was a silent failure:
 
 1. Fused groups (`FUSED`, `fused_part`, `fused_group`). SGLang loads some HF tensors into one fused parameter,

@@ -1,4 +1,4 @@
-"""What the driver side asks of labkit's engine-side loader (labkit.engine.apply runs inside SGLang's scheduler).
+"""What the driver side asks of labkit's engine-side loader (labkit.engine.inside.apply runs inside SGLang's scheduler).
 
 Mixed into EngineHandle (labkit.engine.handle): whether the engine lists the loader, what it applied in the last
 sync, whether the model routes labkit payloads, and the tensors a payload name carries (for the contract check
@@ -11,7 +11,7 @@ import json
 import os
 import tempfile
 
-from labkit.engine.direct import AGAIN, SHARE_PREFIX  # pure (json): no torch
+from labkit.engine.inside.direct import AGAIN, SHARE_PREFIX  # pure (json): no torch
 
 
 class LoaderQueries:
@@ -26,8 +26,8 @@ class LoaderQueries:
 
     def apply_stats(self) -> list[int]:
         """[tensors labkit's loader copied by plan, tensors it passed to load_weights] since the last call; the
-        loader releases the kept buffers this sync did not use (labkit.engine.apply.end_sync)."""
-        from labkit.engine.apply import STATS_NAME
+        loader releases the kept buffers this sync did not use (labkit.engine.inside.apply.end_sync)."""
+        from labkit.engine.inside.apply import STATS_NAME
 
         rows = self._b.get_weights_by_name(STATS_NAME, 1)
         return [int(v) for v in rows[0]] if rows else [0, 0]
@@ -53,8 +53,8 @@ class LoaderQueries:
         return self._checksum
 
     def checksum_memo(self) -> dict:
-        """The engine's checksum memo (labkit.engine.checkmemo): {"on": answering from it at all, "hits": checksum
-        requests answered from it so far}; off on an engine without labkit's model classes."""
+        """The engine's checksum memo (labkit.engine.inside.checkmemo): {"on": answering from it at all,
+        "hits": checksum requests answered from it so far}; off on an engine without labkit's model classes."""
         from labkit.engine.checksum import CHECKSUM_NAME
 
         rows = self._b.get_weights_by_name(CHECKSUM_NAME, 1)
@@ -64,7 +64,7 @@ class LoaderQueries:
     def share_params(self, names: list[str]) -> dict | None:
         """transport="direct": the engine moves the parameters holding `names` into shared memory (in place, once)
         and answers {"token", "entries"}: [name, shm file, storage bytes, byte offset, dtype, shape, strides] for
-        each it holds as a slice of one parameter (labkit.engine.direct), and the token a later sync asks
+        each it holds as a slice of one parameter (labkit.engine.inside.direct), and the token a later sync asks
         `shared_still` with; None when its model does not answer (not one of labkit's). The request and the
         answer are files in /dev/shm: trainer and engine share a node on this transport."""
         root = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
@@ -91,7 +91,7 @@ class LoaderQueries:
         """Whether the engine's model hands labkit payloads in `load_weights` to labkit's loader (labkit's own
         models answer the loader's stats name; SGLang's answer None). Asked once."""
         if self._routes is None:
-            from labkit.engine.apply import STATS_NAME
+            from labkit.engine.inside.apply import STATS_NAME
 
             self._routes = self._b.get_weights_by_name(STATS_NAME, 1) is not None
         return self._routes
@@ -100,7 +100,7 @@ class LoaderQueries:
 def payload_items(names: list[str], shapes: list[list[int]]) -> list[tuple[str, tuple]]:
     """(name, shape) of what a distributed call carries: the tensors themselves, or those a labkit payload
     (one uint8 tensor named by its bucket's layout) stands for."""
-    from labkit.engine import apply  # torch
+    from labkit.engine.inside import apply  # torch
 
     if names and apply.routes([(names[0], None)]):
         return [x for n in names for x in apply.layout_of(n)]

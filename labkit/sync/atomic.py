@@ -108,7 +108,8 @@ class Guard:
         """
         t0 = time.perf_counter()
         engine, dtype = self.engine, spec.get("dtype", "float32")
-        try:  # after a verified sync and generation only, the engine answers from its memo (labkit.engine.checkmemo)
+        # after a verified sync and generation only, the engine answers from its memo (labkit.engine.inside.checkmemo)
+        try:
             before, v_before = engine.checksums(), engine.weight_version
         except EngineUnreachable:  # died since the last sync: bring back what it served, then go on
             if self.store.good is None:

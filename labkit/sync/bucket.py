@@ -17,7 +17,7 @@ import os
 import torch
 
 from labkit import failpoints as fp
-from labkit.engine.apply import layout_key as _layout_key
+from labkit.engine.inside.apply import layout_key as _layout_key
 from labkit.sync.plan import Bucket, TensorMeta
 
 
@@ -49,7 +49,7 @@ def metadata(bucket: Bucket) -> list:
 
 @functools.lru_cache(maxsize=256)
 def layout_key(bucket: Bucket) -> str:
-    """The name labkit's engine-side loader reads a flat bucket by (labkit.engine.apply.layout_key). Kept per
+    """The name labkit's engine-side loader reads a flat bucket by (labkit.engine.inside.apply.layout_key). Kept per
     bucket (a plan's buckets are the same every sync): building it took 0.45 ms for an MoE bucket of 465
     tensors, 4 ms of every sync of the 4,179-tensor model."""
     return _layout_key([(t.name, t.dtype, tuple(t.shape), a, b) for t, a, b in spans(bucket)])

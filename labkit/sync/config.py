@@ -67,7 +67,7 @@ class SyncConfig:
     syncs, a copy plan compiled once; what CPU engines always run). `labkit bench device` measures the labkit path
     on a GPU; the default stays SGLang's until that path has run against a real GPU engine."""
     pause_mode: PauseMode = "abort"
-    """Atomic syncs: SGLang's pause mode (abort, retract; in_place is refused; labkit.workbench.serve_sync)."""
+    """Atomic syncs: SGLang's pause mode (abort, retract; in_place is refused; labkit.lab.bench.serve)."""
 
     def __post_init__(self) -> None:
         check_choice(self, "transport")

@@ -2,7 +2,8 @@
 
 `SyncConfig.delta = N` (N >= 1): each bucket, packed in the engine's dtype as usual, is compared word by word with
 the copy of what this trainer last sent; only the changed words cross, with a change mask or their indices
-(labkit.engine.delta), and labkit's engine-side loader writes them into its parameters (labkit.engine.apply).
+(labkit.engine.inside.delta), and labkit's engine-side loader writes them into its parameters
+(labkit.engine.inside.apply).
 Worth it where the engine serves a narrower dtype than the trainer's fp32 master weights (bf16): after a small
 step most bf16 words round to what they were (verl PR #6974: 0.8-2.6 % changed; slime's delta doc ~3 %).
 
@@ -27,8 +28,8 @@ would not notice): use delta=0 there.
 
 from __future__ import annotations
 
-from labkit.engine import delta as codec
-from labkit.engine.apply import delta_key
+from labkit.engine.inside import delta as codec
+from labkit.engine.inside.apply import delta_key
 from labkit.sync import bucket as bk
 from labkit.sync.plan import Bucket, Plan
 

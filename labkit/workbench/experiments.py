@@ -4,9 +4,6 @@ rollouts come from `wb.rollout` (engine generations scored by the workbench's ta
 `side_by_side` lay their samples out for a notebook.
 cold_and_warm: a first sync (it plans and allocates) and the one after it, which is what every RL step pays.
 logprob_agreement: the engine's per-token log-probs vs the trainer's own forward on the same tokens.
-sync_measure: a `measure(bucket_bytes)` callable for `labkit.sync.tune` built from real `wb.sync` calls; it is
-`labkit.workbench.sync_bench.sync_measure`, the one `labkit tune` uses, so both tune the same quantity
-(weight-moving time).
 """
 
 from __future__ import annotations
@@ -16,7 +13,6 @@ from dataclasses import asdict, is_dataclass
 from labkit.models.tokenizer import PAD
 from labkit.mtp.rl import missing_logprobs, paired_logprobs
 from labkit.workbench.core import Rollout
-from labkit.workbench.sync_bench import TUNED_KEY, sync_measure  # noqa: F401  (notebook 04 calls them from here)
 
 
 def logprob_agreement(wb, rows: list[dict]) -> dict:

@@ -249,7 +249,7 @@ def _err(pairs: list) -> dict:
 
 def draft_schedules(rows: list[dict], title: str = "MTP draft: what it learns and when") -> go.Figure:
     """Last-quarter acceptance per draft schedule (objective · cadence) and its paired difference from the frozen
-    draft, both with 95 % intervals over seeds (rows: labkit.workbench.report_mtp.draft_rows)."""
+    draft, both with 95 % intervals over seeds (rows: labkit.lab.report.mtp.draft_rows)."""
     from plotly.subplots import make_subplots
 
     labels = [f"{r['objective']} · {r['cadence']}" for r in rows]

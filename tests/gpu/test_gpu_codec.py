@@ -6,7 +6,7 @@ box exactly as written, so they run wherever a GPU is lent (`pytest -m gpu tests
 import pytest
 import torch
 
-from labkit.engine import delta
+from labkit.engine.inside import delta
 from labkit.sync import bucket as bk
 from labkit.sync.delta import DeltaState
 from labkit.sync.plan import TensorMeta, plan_buckets
@@ -98,7 +98,7 @@ def test_pack_on_cuda_equals_the_cpu_pack_byte_for_byte():
 
 
 def test_codec_bench_on_cuda_checks_itself():
-    from labkit.workbench.codec_bench import bench_codec
+    from labkit.lab.bench.codec import bench_codec
 
     out = bench_codec("cuda", bucket_mb=4, reps=2)
     assert out["bench/codec/verified"] is True and out["bench/pack/verified"] is True

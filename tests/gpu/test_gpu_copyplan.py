@@ -1,4 +1,4 @@
-"""labkit.engine.copyplan's merged strided copies on a CUDA device: an MoE bucket (padded and not, bf16) lands in
+"""labkit.engine.inside.copyplan's merged strided copies on a CUDA device: an MoE bucket (padded and not, bf16) lands in
 the parameters bitwise, as one copy per tensor lands it. Needs torch with CUDA only
 (`pytest -m gpu tests/gpu/test_gpu_copyplan.py`); `scripts/copyruns_bench.py` times the two on the device."""
 
@@ -33,7 +33,7 @@ def test_merged_copies_on_cuda_land_bitwise(pad):
 
 def test_large_pieces_stay_one_copy_each_on_cuda():
     """On a GPU the multi-tensor copy is faster for large pieces (copyplan.GPU_MERGE_BELOW): those are not merged."""
-    from labkit.engine import copyplan
+    from labkit.engine.inside import copyplan
 
     m = Experts(3, 256, 1024, 0, torch.bfloat16, "cuda")  # gate+up = 1 MiB per expert, down 0.5 MiB
     key, flat, named = _bucket(m, _moe_names(range(3)))

@@ -1,4 +1,4 @@
-"""The engine-side MTP draft store (labkit/engine/sglang_models/mimo.py) on the shared CPU engine: loaded
+"""The engine-side MTP draft store (labkit/engine/inside/sglang_models/mimo.py) on the shared CPU engine: loaded
 from safetensors, updated by every transport, hashed by SGLang's weight checker, read back by name."""
 
 import pytest

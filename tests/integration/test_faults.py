@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from labkit.config import ParallelSpec, TrainConfig
-from labkit.workbench.faults import QUICK_KINDS
+from labkit.lab.faults.plan import QUICK_KINDS
 from tests.integration.conftest import restore_model_dir
 from labkit.sync import SyncConfig, engine_spec
 from labkit import failpoints as fp
@@ -160,7 +160,8 @@ def test_trainer_killed_mid_sync(engine, trainer_box):
                                               kill="trainer")
     assert seen == {"reached": True, "served_mid_sync": False}
     assert err.metrics["sync/trainer_alive"] is False and "start a new one" in str(err)
-    # killed mid-way through the sync's one engine call (labkit.engine.ring): the engine stays up, restored in place
+    # killed mid-way through the sync's one engine call (labkit.engine.inside.ring): the engine stays up, restored
+    # in place
     assert err.metrics["sync/engine_restarted"] is False, err.metrics
     _assert_restored(err, engine, before, v_before)
     print(f"trainer killed: restored in {err.metrics['timing/sync/restore']:.2f} s ({time.monotonic() - t0:.1f} s)")

@@ -5,7 +5,7 @@ is bit for bit."""
 from safetensors.torch import load_file
 
 from labkit.config import ModelSpec
-from labkit.workbench.pretrain import pretrain
+from labkit.lab.pretrain import pretrain
 
 SPEC = ModelSpec(hidden=32, layers=1, heads=2, kv_heads=1, ffn=64, mtp_layers=1, seed=0)
 

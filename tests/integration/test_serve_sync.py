@@ -1,9 +1,9 @@
-"""Atomic syncs while an SGLang HTTP server serves a steady stream of greedy requests (labkit.workbench.serve_sync):
+"""Atomic syncs while an SGLang HTTP server serves a steady stream of greedy requests (labkit.lab.bench.serve):
 no response mixes weight versions, none fails, and requests really were in flight during the syncs."""
 
 import pytest
 
-from labkit.workbench import serve_sync as sb
+from labkit.lab.bench import serve as sb
 
 pytestmark = pytest.mark.integration
 

@@ -52,9 +52,9 @@ def test_every_transport_syncs_a_trained_model_bitwise(transport, trainer, engin
     assert m["sync/unverified"] == [] and m["sync/num_unverified"] == 0  # every engine tensor was covered
     assert m["sync/weight_version"] == engine.weight_version != before
     assert m["sync/num_buckets"] > 1 or transport == "per-tensor"
-    # colocated: labkit's engine-side loader applied every tensor by its copy plan (labkit.engine.apply);
+    # colocated: labkit's engine-side loader applied every tensor by its copy plan (labkit.engine.inside.apply);
     # distributed: the bucket arrives as one tensor the model hands to it; direct: the trainer wrote every tensor
-    # into the engine's shared parameters (labkit.engine.direct), nothing went through load_weights
+    # into the engine's shared parameters (labkit.engine.inside.direct), nothing went through load_weights
     assert m["sync/apply_path"] == {"per-tensor": "load_weights", "direct": "direct"}.get(transport, "copy_plan"), \
         {k: v for k, v in m.items() if k.startswith(("timing/sync/", "sync/apply", "sync/num"))}
     assert m["sync/wire_bytes"] == m["sync/bytes"]  # no delta: every byte
@@ -84,7 +84,7 @@ def test_verification_catches_a_tampered_engine(trainer, engine):
 
     named = dict(trainer.export())
     sync(trainer, engine, SyncConfig(transport="colocated", progress=False))
-    # After a verified sync the engine answers checksums from its memo (labkit.engine.checkmemo: the guard's
+    # After a verified sync the engine answers checksums from its memo (labkit.engine.inside.checkmemo: the guard's
     # before-hash of the next sync) while only read-only requests arrive; the tampering below must forget it.
     memo = engine.checksum_memo()
     engine.generate(input_ids=[[1, 2, 3]], sampling={"max_new_tokens": 2, "temperature": 0.0})

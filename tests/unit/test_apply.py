@@ -1,4 +1,4 @@
-"""labkit.engine.apply, the engine-side loader, on a small torch module with the model's two entry points
+"""labkit.engine.inside.apply, the engine-side loader, on a small torch module with the model's two entry points
 (`param_view`, `load_weights`): the copy plan lands each tensor in its parameter slice bitwise, names the model
 cannot map go through load_weights, a re-created parameter is re-resolved, the layout travels in the name.
 The real engine path (SGLang's scheduler calling it) is covered by tests/integration (sync verified bitwise)."""
@@ -9,7 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from labkit.engine import apply, copyplan, delta
+from labkit.engine.inside import apply
+from labkit.engine.inside import copyplan
+from labkit.engine.inside import delta
 from labkit.engine.config import APPLY_FORMAT
 
 
@@ -113,7 +115,7 @@ def test_shape_or_dtype_mismatch_falls_back_and_a_foreign_payload_is_refused():
 
 
 def test_bench_verdict_fails_when_the_engine_did_not_change_or_a_sync_did_not_verify():
-    from labkit.workbench.sync_bench import verdict
+    from labkit.lab.bench.sync import verdict
 
     before = {"a": "01", "b": "02"}
     assert verdict([True, True], before, {"a": "01", "b": "03"})["bench/verified"] is True
@@ -123,7 +125,7 @@ def test_bench_verdict_fails_when_the_engine_did_not_change_or_a_sync_did_not_ve
 
 
 def test_bench_reference_is_the_fastest_memcpy_sample_and_keeps_them_all():
-    from labkit.workbench.sync_bench import reference
+    from labkit.lab.bench.sync import reference
 
     out = reference([14.02, 19.13, 17.5])
     assert out == {"bench/memcpy_gbps": 19.13, "bench/memcpy_gbps_samples": [14.02, 19.13, 17.5]}
@@ -181,7 +183,7 @@ def test_layout_of_reads_names_and_shapes_from_either_payload_name():
 def test_a_bucket_packed_into_the_staging_file_is_read_there_and_is_the_rollback_copy(tmp_path):
     """The guarded colocated path: the trainer packs into the guard's staging file (lastgood.Writer.region), the
     engine maps that file once and copies from it; the same bytes are then the indexed rollback copy."""
-    from labkit.engine import stagefile
+    from labkit.engine.inside import colocated as stagefile
     from labkit.sync import lastgood
     from labkit.sync.slots import Slots
 
@@ -208,7 +210,7 @@ def test_a_bucket_packed_into_the_staging_file_is_read_there_and_is_the_rollback
 
 
 def test_the_engine_maps_no_file_but_a_labkit_staging_copy(tmp_path):
-    from labkit.engine import stagefile
+    from labkit.engine.inside import colocated as stagefile
 
     (tmp_path / "data.bin").write_bytes(b"\0" * 64)
     key, _ = _bucket({"norm": torch.randn(3)})

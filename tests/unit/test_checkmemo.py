@@ -1,4 +1,4 @@
-"""The engine's checksum memo (labkit.engine.checkmemo): which requests keep it, which forget it."""
+"""The engine's checksum memo (labkit.engine.inside.checkmemo): which requests keep it, which forget it."""
 
 import importlib.util
 import re
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit.engine import checkmemo
+from labkit.engine.inside import checkmemo
 
 
 def _request(kind: str, **fields):

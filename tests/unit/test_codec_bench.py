@@ -2,8 +2,8 @@
 
 import pytest
 
-from labkit.engine import delta as codec
-from labkit.workbench import codec_bench as cb
+from labkit.engine.inside import delta as codec
+from labkit.lab.bench import codec as cb
 
 
 def test_bench_codec_reports_each_fraction_and_verifies_itself():

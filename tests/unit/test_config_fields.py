@@ -15,8 +15,8 @@ from labkit.mtp.experiment import ExperimentConfig
 from labkit.mtp.rl import RLConfig
 from labkit.sync.config import SyncConfig
 from labkit.workbench import nb
-from labkit.workbench.faults import FaultsConfig
-from labkit.workbench.serve_sync import ServeBenchConfig
+from labkit.lab.faults.plan import FaultsConfig
+from labkit.lab.bench.serve import ServeBenchConfig
 
 CONFIGS = (TrainConfig, SyncConfig, EngineConfig, SpeculativeConfig, RLConfig, ServeBenchConfig, FaultsConfig)
 

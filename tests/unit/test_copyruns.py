@@ -1,4 +1,4 @@
-"""labkit.engine.copyruns / copyplan: a bucket's copies merged into strided ones land exactly what one copy per
+"""labkit.engine.inside.copyruns / copyplan: a bucket's copies merged into strided ones land exactly what one copy per
 tensor lands, on MoE-like stacks (fused gate/up and down per expert), padded (strided) destinations, dense
 fused row blocks and random layouts; and the MoE layout really collapses to a few copies."""
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from labkit.engine import copyplan, copyruns
+from labkit.engine.inside import copyplan
+from labkit.engine.inside import copyruns
 from tests.unit.test_apply import _bucket as packed  # (layout key, flat bucket) of named tensors
 
 

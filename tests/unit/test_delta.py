@@ -1,10 +1,10 @@
-"""labkit.engine.delta, the codec both sides of a delta sync share: property-tested round trips over mixed
+"""labkit.engine.inside.delta, the codec both sides of a delta sync share: property-tested round trips over mixed
 dtypes and change fractions, bitwise (NaN, -0.0), the size rule, and a payload whose mask and values disagree."""
 
 import pytest
 import torch
 
-from labkit.engine import delta
+from labkit.engine.inside import delta
 
 DTYPES = [torch.bfloat16, torch.float32, torch.float16, torch.int64]
 
@@ -83,7 +83,7 @@ def test_the_smaller_encoding_is_chosen_and_a_short_payload_refused(changed, enc
 
 
 def test_the_delta_bench_summary_compares_medians_of_the_timed_syncs():
-    from labkit.workbench.delta_bench import _summary
+    from labkit.lab.bench.delta import _summary
 
     def m(wall, moving, wire, changed=None, kind=None):
         out = {"bench/wall": wall, "timing/sync/total": moving, "timing/sync/verify": 0.0,

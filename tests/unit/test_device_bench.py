@@ -3,9 +3,9 @@ any failed check (its GPU run: data/device_check_h100.json; the CPU run: tests/i
 
 import pytest
 
-from labkit.workbench.device_bench import verdict
-from labkit.workbench.device_engine import engine_params
-from labkit.workbench.device_refit import refit, solve
+from labkit.lab.device.bench import verdict
+from labkit.lab.device.engine import engine_params
+from labkit.lab.device.refit import refit, solve
 
 
 def test_solve_recovers_per_bucket_and_per_tensor_costs():

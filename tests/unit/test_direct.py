@@ -1,4 +1,4 @@
-"""transport="direct" without an engine: the share answer (labkit.engine.direct) and the trainer's mappings of it
+"""transport="direct" without an engine: the share answer (labkit.engine.inside.direct) and the trainer's mappings of it
 (labkit.sync.transports.direct.Mappings) write into the very storage a model serves."""
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from labkit.engine import direct
+from labkit.engine.inside import direct
 from labkit.sync.transports.direct import Mappings
 
 

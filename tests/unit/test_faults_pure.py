@@ -8,7 +8,7 @@ import torch
 
 from labkit.engine.errors import EngineError
 from labkit.engine.contract import check_tensors
-from labkit.workbench.faults import KINDS, QUICK_KINDS, FaultsConfig, plan_trials
+from labkit.lab.faults.plan import KINDS, QUICK_KINDS, FaultsConfig, plan_trials
 from labkit import failpoints as fp
 from labkit.sync import lastgood
 from labkit.sync import verify as vf

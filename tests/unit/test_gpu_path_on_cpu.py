@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from labkit.engine import apply, copyplan, ipc
+from labkit.engine import ipc
+from labkit.engine.inside import apply
+from labkit.engine.inside import copyplan
 from labkit.engine import checksum as ck
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,11 +118,13 @@ def test_the_data_path_runs_with_torch_alone(tmp_path):
     (tmp_path / "sitecustomize.py").write_text(BLOCKED)
     script = textwrap.dedent("""
         import torch
-        from labkit.engine import apply, checksum as ck, delta, ipc
+        from labkit.engine import checksum as ck, ipc
+        from labkit.engine.inside import apply
+        from labkit.engine.inside import delta
         from labkit.sync import bucket, hooks, session, verify
         from labkit.sync.transports.colocated import Colocated
         from labkit.sync.transports.direct import Direct, Mappings
-        from labkit.workbench.device_engine import StandIn
+        from labkit.lab.device.engine import StandIn
         from labkit.engine.errors import Unsupported
         m = StandIn([("model.layers.0.self_attn.q_proj.weight", (4, 2), "float32"),
                      ("model.layers.0.self_attn.k_proj.weight", (2, 2), "float32"),

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from labkit.workbench import report
+from labkit.lab.report import generate as report
 
 
 def test_readme_tables_match_the_stored_runs():
@@ -73,7 +73,7 @@ def test_draft_schedules_pair_with_the_default_runs_frozen_arm(tmp_path):
     assert "policy" not in text.split("(from")[0] and text.count("\n| ") == 4  # header, rule, three rows
     assert "`labkit notebook sweep 03 --over MTP_TARGET`" in text and "mtp_sweep_pre_rl.json" in text
     from labkit.workbench import viz
-    from labkit.workbench.report_mtp import draft_rows
+    from labkit.lab.report.mtp import draft_rows
 
     fig = viz.draft_schedules(draft_rows(*report._runs(tmp_path, "mtp_sweep_*.json")))
     assert list(fig.data[0].y) == ["tv · every step", "tokens · pre-RL only (20 MTP-only steps)",

@@ -1,4 +1,4 @@
-"""The colocated sync's one-call ring: the engine side (labkit.engine.ring.serve) against the trainer side
+"""The colocated sync's one-call ring: the engine side (labkit.engine.inside.ring.serve) against the trainer side
 (labkit.sync.transports.ring.Ring) over a real Unix socket. The engine's call runs `serve` in this process, as
 labkit's loader runs it inside SGLang's scheduler; the integration tests run it through a real engine."""
 
@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from labkit.engine import ring
+from labkit.engine.inside import ring
 from labkit.engine.errors import EngineError
 from labkit.sync.transports.ring import Ring
 
@@ -49,7 +49,7 @@ def test_every_payload_is_applied_in_order_in_one_call():
         r.send(f"b{i}".encode())
     r.finish()
     assert engine.applied == [b"b0", b"b1", b"b2"]
-    assert engine.formats == [("labkit.engine.apply.load_flat", False)]
+    assert engine.formats == [("labkit.engine.inside.apply.load_flat", False)]
     assert not r.dir.exists()
 
 

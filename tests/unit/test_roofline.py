@@ -1,4 +1,4 @@
-"""The sync roofline (labkit.sync.roofline*): tensor lists from config.json alone, transport bounds checked against
+"""The sync roofline (labkit.lab.roofline): tensor lists from config.json alone, transport bounds checked against
 hand arithmetic, overheads fitted from the stored CPU runs, published rows with their sources, and bad input
 refused with the value and what is allowed."""
 
@@ -11,11 +11,11 @@ import pytest
 
 from labkit.models import tiny
 from labkit.models.hf import checkpoint_tensors
-from labkit.sync import roofline as rf
-from labkit.sync import roofline_published as rp
+from labkit.lab.roofline import bounds as rf
+from labkit.lab.roofline import published as rp
 from labkit.sync.plan import plan_buckets
-from labkit.sync.roofline_models import model_tensors
-from labkit.sync.roofline_overheads import stored_pairs
+from labkit.lab.roofline.tensors import model_tensors
+from labkit.lab.roofline.overheads import stored_pairs
 
 DATA = rf.ROOT / "data"
 
@@ -126,7 +126,7 @@ def test_overheads_fitted_from_the_stored_cpu_runs():
     run = json.loads((DATA / "bench_sync_cpu.json").read_text())
     copy_s = run["bench/model_bytes"] / (run["bench/memcpy_gbps"] * 1e9)
     assert over.per_call_s == pytest.approx((run["bench/per_tensor_seconds"] - copy_s) / run["bench/num_tensors"])
-    # per bucket: ~11 ms when each bucket was its own engine call, none seen since a sync is one (labkit.engine.ring)
+    # per bucket: none seen, a sync is one engine call (labkit.engine.inside.ring)
     assert 0 <= over.per_bucket_s < 0.02 and 0 < over.per_tensor_s < 1e-4 and 0 < over.per_sync_s < 0.1
     assert "CPU-measured" in over.measured_on and "notebook 04" in over.derivation
 
@@ -148,7 +148,7 @@ def test_every_stored_bench_pair_is_fitted_and_a_missing_half_is_refused(tmp_pat
 def test_the_fit_recovers_known_costs_and_skips_sizes_below_the_largest_group():
     """Runs made from known costs (and a cliff below the largest fused group, where oversize groups travel in
     fresh buffers) give those costs back; fitting across the cliff would not."""
-    from labkit.sync.roofline_models import count_buckets, largest_group_bytes, model_tensors
+    from labkit.lab.roofline.tensors import count_buckets, largest_group_bytes, model_tensors
 
     bench = model_tensors("bench", "fp32")
     per_sync, per_bucket, per_tensor, gbps = 0.02, 0.001, 6e-6, 10.0
@@ -204,7 +204,7 @@ def test_published_rows_carry_sources_and_their_fraction():
 
 
 def test_stored_run_is_current():
-    from labkit.workbench import roofline_nb
+    from labkit.lab.roofline import notebook as roofline_nb
 
     stored = json.loads((DATA / "roofline_published.json").read_text())
     assert stored.pop("command") == "labkit roofline --json --out data/roofline_published.json"
@@ -233,7 +233,7 @@ def test_bad_input_names_the_value_and_what_is_allowed(make, message):
 
 
 def test_cli_json_and_bad_flags(capsys):
-    from labkit.workbench import roofline_nb
+    from labkit.lab.roofline import notebook as roofline_nb
 
     assert roofline_nb.main(["--model", "kimi-k2", "--weights", "fp8", "--hardware", "H20", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -250,7 +250,8 @@ def test_cli_json_and_bad_flags(capsys):
 
 
 def test_notebook_helpers_build_table_and_figure(monkeypatch):
-    from labkit.workbench import nb, roofline_nb
+    from labkit.workbench import nb
+    from labkit.lab.roofline import notebook as roofline_nb
 
     monkeypatch.setattr(nb, "_METRICS", {})
     monkeypatch.delenv("LABKIT_METRICS", raising=False)
@@ -264,14 +265,14 @@ def test_notebook_helpers_build_table_and_figure(monkeypatch):
 
 
 def test_roofline_is_pure():
-    code = ("import sys, labkit.sync.roofline, labkit.sync.roofline_published, labkit.sync.roofline_models; "
+    code = ("import sys, labkit.lab.roofline.bounds, labkit.lab.roofline.published, labkit.lab.roofline.tensors; "
             "print(sorted(m for m in ('torch', 'ray', 'sglang', 'megatron', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
 def test_explorer_redraws_on_run_only():
-    from labkit.workbench import roofline_nb
+    from labkit.lab.roofline import notebook as roofline_nb
 
     box = roofline_nb.explorer(rf.Scenario(), rf.cpu_overheads(), 4, 64)
     (model, _, hw), (bucket, button), out = box.children[0].children, box.children[1].children, box.children[2]

@@ -3,7 +3,7 @@ mixed, against each version's greedy output."""
 
 import pytest
 
-from labkit.workbench.serve_sync import ServeBenchConfig, classify, summarize_mode
+from labkit.lab.bench.serve import ServeBenchConfig, classify, summarize_mode
 
 REFS = {"v1": [1, 2, 3, 4], "v2": [1, 2, 9, 9]}
 CONT = {("v2", 2): [7, 7]}  # v2's greedy continuation of prompt + [1, 2]
@@ -63,7 +63,7 @@ def test_config_is_validated():
 
 
 def test_in_place_is_refused_by_the_atomic_guard_and_reported_not_failed():
-    from labkit.workbench.serve_sync import summarize
+    from labkit.lab.bench.serve import summarize
     from labkit.sync.config import SyncConfig
 
     with pytest.raises(ValueError, match="pause_mode='in_place' is refused by the atomic guard"):

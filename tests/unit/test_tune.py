@@ -53,16 +53,17 @@ def test_notebook_04_and_labkit_tune_minimise_the_same_weight_moving_time(monkey
     """Issue 16: notebook 04 tuned `timing/sync/total` while `labkit tune` tuned the weight-moving seconds."""
     import contextlib
 
-    from labkit.workbench import experiments as ex
-    from labkit.workbench import sync_bench as bench
+    from labkit.lab.bench import sync as bench
+    from labkit.workbench import notebook
 
-    assert ex.sync_measure is bench.sync_measure  # one function, so one quantity
+    source = (notebook.NOTEBOOKS / "04_bucket_tuning.py").read_text()
+    assert "bench.sync_measure(" in source and "bench.TUNED_KEY" in source  # one function, so one quantity
     wb = _ScriptedSyncs()
-    m = ex.sync_measure(wb, "colocated", repeats=2)(MB)
+    m = bench.sync_measure(wb, "colocated", repeats=2)(MB)
     assert m["metric"] == bench.TUNED_KEY == "timing/sync/weight_moving"
     assert m["seconds"] == pytest.approx(0.1)  # total 1.0 - session 0.9, not the total
     assert all(c.verify == "none" and c.atomic is False for c in wb.cfgs)  # the transport, not the guard
-    nb_best = autotune(ex.sync_measure(_ScriptedSyncs()), [MB, 2 * MB], max_trials=2)
+    nb_best = autotune(bench.sync_measure(_ScriptedSyncs()), [MB, 2 * MB], max_trials=2)
     monkeypatch.setattr(bench, "_workbench", lambda spec, workdir: contextlib.nullcontext(_ScriptedSyncs()))
     cli = bench.tune(lo_mb=1, hi_mb=2, memory_budget_mb=8, max_trials=2, progress=False)
     assert nb_best["best_bucket_bytes"] == cli["tune/best_bucket_bytes"] == cli["tune/sweep_best_bucket_bytes"] == MB

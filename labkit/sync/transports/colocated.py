@@ -7,7 +7,8 @@ import time
 import torch
 
 from labkit import failpoints as fp
-from labkit.engine import ipc, stagefile
+from labkit.engine import ipc
+from labkit.engine.inside import colocated as stagefile
 from labkit.engine.config import APPLY_FORMAT
 from labkit.sync import bucket as bk
 from labkit.sync.plan import Bucket
@@ -19,7 +20,7 @@ class Colocated:
     handle to it crosses to the engine.
 
     Flow:
-    1. open: ask the engine its TP size and whether it accepts labkit's loader (`labkit.engine.apply`, listed
+    1. open: ask the engine its TP size and whether it accepts labkit's loader (`labkit.engine.inside.apply`, listed
        at launch by labkit's engines; on GPU only with `SyncConfig.gpu_apply="labkit"`);
     2. send, per bucket: serialize a handle to the flat buffer ->
        - labkit's loader: `[(layout_key, flat)]`, load_format=APPLY_FORMAT: the engine keeps the buffer mapped
@@ -34,7 +35,7 @@ class Colocated:
        the syncer's, reused next sync).
     Under the atomic guard (labkit's loader, no delta) the syncer packs each bucket straight into the guard's
     staging file (`files`, labkit.sync.lastgood) instead of a shared bucket: the payload then names that file
-    and the bucket's offset (labkit.engine.stagefile), the engine keeps the file mapped, and the rollback copy
+    and the bucket's offset (labkit.engine.inside.colocated), the engine keeps the file mapped, and the rollback copy
     costs no copy of its own.
     With `delta` (labkit.sync.delta), step 2 first encodes the bucket against the copy of what the engine holds
     and sends the change mask and changed words instead (labkit's loader only).
@@ -68,7 +69,8 @@ class Colocated:
         self.ring, self.buckets = None, len(plan.buckets)
         self.rings = self.fmt == APPLY_FORMAT and self.engine_tp == 1
         if self.delta is not None and self.fmt != APPLY_FORMAT:
-            raise ValueError("delta sync needs labkit's engine-side loader (labkit.engine.apply: an engine launched "
+            raise ValueError("delta sync needs labkit's engine-side loader (labkit.engine.inside.apply: an engine "
+                             "launched "
                              f"by labkit, on GPU with SyncConfig.gpu_apply='labkit'); this engine takes {self.fmt!r}: "
                              "sync with SyncConfig.delta=0")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from labkit import failpoints as fp
-from labkit.engine import direct as engine_side
+from labkit.engine.inside import direct as engine_side
 from labkit.engine import ipc
 from labkit.engine.config import APPLY_FORMAT
 from labkit.engine.contract import call_group
@@ -22,7 +22,7 @@ SHM = Path("/dev/shm")
 
 class Direct:
     """transport="direct": no flat buffer and no engine-side apply; each exported tensor is copied (cast to the
-    engine dtype on the way) straight into its slice of the engine's parameter (labkit.engine.direct).
+    engine dtype on the way) straight into its slice of the engine's parameter (labkit.engine.inside.direct).
 
     Flow:
     1. open: refuse anything but a CPU engine at TP=1 with labkit's loader, before a byte moves;

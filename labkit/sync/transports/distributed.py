@@ -71,7 +71,7 @@ class Distributed:
 
     Into labkit's copy plan: where the engine's model routes labkit payloads (`engine.routes_flat()`: labkit's
     models on a CPU engine), the bucket is announced as one uint8 tensor named by its layout; SGLang receives
-    it whole and hands it to the model's `load_weights`, which passes it to labkit.engine.apply (no per-tensor
+    it whole and hands it to the model's `load_weights`, which passes it to labkit.engine.inside.apply (no per-tensor
     loop). With `delta` that one tensor is the delta payload (labkit.sync.delta).
     """
 
@@ -95,7 +95,7 @@ class Distributed:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         self.flat = not torch.cuda.is_available() and engine.accepts(APPLY_FORMAT) and engine.routes_flat()
         if self.delta is not None and not self.flat:
-            raise ValueError("delta sync needs labkit's engine-side loader (labkit.engine.apply) behind the "
+            raise ValueError("delta sync needs labkit's engine-side loader (labkit.engine.inside.apply) behind the "
                              "engine model's load_weights (labkit's models on a CPU engine): sync with "
                              "SyncConfig.delta=0")
         addr, world = runtime.node_ip(), 1 + engine.tp_size

@@ -1,4 +1,4 @@
-"""The trainer side of a colocated sync in one engine call (labkit.engine.ring says why)."""
+"""The trainer side of a colocated sync in one engine call (labkit.engine.inside.ring says why)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from labkit import pids
-from labkit.engine import ring
+from labkit.engine.inside import ring
 from labkit.engine.config import APPLY_FORMAT
 from labkit.engine.errors import EngineError, EngineUnreachable
 
@@ -33,7 +33,8 @@ class Ring:
     2. send, per bucket: the payload its own call would have carried (serialized bytes), then wait for the
        engine's byte that says it is applied (the bucket's buffer is free again);
     3. finish: take the call's answer. Or abort, after a failure: close the socket (the engine ends its call at
-       once, without an error: labkit.engine.ring says why), give the call a few seconds to answer, never raising.
+       once, without an error: labkit.engine.inside.ring says why), give the call a few seconds to answer, never
+       raising.
     A wait past `timeout_s` raises EngineUnreachable, as a per-bucket call past its timeout does; a closed
     stream raises the engine's own error when its call carried one.
     """

@@ -1,0 +1,126 @@
+"""A bucket layout compiled against the engine's parameters: where each tensor goes, and the copies that put it
+there (labkit.engine.inside.apply runs them inside SGLang's scheduler).
+
+Compiled once per layout (the same every sync of a replayed plan): the destination slice of each tensor from
+the model's `param_view(hf_name)` (the view `get_weights_by_name` reads back), the tensors the model must load
+itself (`fallback`: no `param_view`, TP > 1, a shape or dtype the view does not have), and the copies of the
+rest merged into a few strided ones (labkit.engine.inside.copyruns: an MoE bucket's hundreds of expert tensors become a
+handful of copies). A parameter re-created since (a post-load repack, a memory resume) makes the plan compile
+again (`moved`), so no copy lands in orphaned storage.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+
+from labkit.engine.inside import copyruns
+
+
+@dataclass
+class Plan:
+    entries: list  # [name, dtype, shape, start, end] per tensor
+    dsts: list[torch.Tensor] = field(default_factory=list)  # parameter slices, for entries[direct[i]]
+    direct: list[int] = field(default_factory=list)
+    owners: list[tuple] = field(default_factory=list)  # (module, attribute, data_ptr at compile) per parameter
+    fallback: list[int] = field(default_factory=list)  # through model.load_weights
+    runs: list[copyruns.Run] = field(default_factory=list)  # the copies of `direct` (members: positions in it)
+    run_dsts: list[torch.Tensor] = field(default_factory=list)  # each run's destination view
+
+
+# On a GPU, merge only pieces below this size. torch's multi-tensor copy of contiguous tensors ran at 1,097 GB/s
+# on an H100 for one Qwen3-30B-A3B expert layer (384 tensors of 3 MiB) against 822 GB/s as two strided copies;
+# for 1,536 tensors of 128 KiB it ran at 262 GB/s against 772 (data/copyruns_h100_*.json, scripts/copyruns_bench.py).
+GPU_MERGE_BELOW = 1 << 20
+# (id(model), key) -> (the model, its plan), least recently used first. One sync replays one plan's buckets, each a
+# layout, so the table holds whole plans (a large model in 512 MiB buckets has hundreds): a table smaller than the
+# plan compiles every bucket of every sync again. What that costs, Qwen3-8B in 75 buckets on an H100 (labkit bench
+# device): apply at 253 GB/s with a 64-layout table (data/device_check_h100_at_4938448.json) against 442 with this
+# one (data/device_check_h100.json). A plan is views and indices, no tensor memory.
+MAX_PLANS = 1 << 14
+_plans: OrderedDict[tuple[int, str], tuple[weakref.ref, Plan]] = OrderedDict()
+
+
+def plan_for(model, key: str) -> Plan:
+    """`model`'s compiled plan of layout `key` (a labkit layout key: a prefix, then the layout as JSON). Kept per
+    model: a scheduler may hold two models that take the same names (a speculative draft beside its target)."""
+    held = _plans.get((id(model), key))
+    if held is None or held[0]() is not model or moved(model, held[1]):
+        return _compile(model, key)
+    _plans.move_to_end((id(model), key))
+    return held[1]
+
+
+def run_sources(plan: Plan, srcs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each run's source view into the bucket, from the views of its tensors (`srcs`, by entry): a few strided
+    views per bucket, built per call (cheap) so that none outlives the buffer it reads."""
+    out = []
+    for run in plan.runs:
+        first = srcs[plan.direct[run.members[0]]]
+        if len(run.members) == 1:
+            out.append(first)
+        else:
+            size, stride, _ = copyruns.views(run)
+            out.append(first.as_strided(size, stride, first.storage_offset()))
+    return out
+
+
+def moved(model, plan: Plan) -> bool:
+    """A parameter re-created since the plan was compiled (a post-load repack, a memory resume) would leave
+    the plan copying into orphaned storage: re-resolve each owner by name, compare its storage."""
+    return any(getattr(module, attr).data_ptr() != ptr for module, attr, ptr in plan.owners)
+
+
+def tp_size() -> int:
+    try:
+        from sglang.srt.distributed import get_tensor_model_parallel_world_size  # SGLang is crossed here only
+
+        return get_tensor_model_parallel_world_size()
+    except Exception:  # outside an engine (unit tests): one rank
+        return 1
+
+
+def _compile(model, key: str) -> Plan:
+    plan = Plan(json.loads(key[key.index("["):]))
+    view = getattr(model, "param_view", None)
+    tp = tp_size()
+    for i, (name, dtype, shape, _, _) in enumerate(plan.entries):
+        found = view(name) if view is not None and tp == 1 else None
+        dst = None if found is None else found[1]
+        if dst is None or tuple(dst.shape) != tuple(shape) or str(dst.dtype) != f"torch.{dtype}":
+            plan.fallback.append(i)  # the model's own loader: casts, shards, or refuses with its message
+        else:
+            plan.direct.append(i)
+            plan.dsts.append(dst)
+            path, _, attr = found[0].rpartition(".")
+            module = model.get_submodule(path)
+            plan.owners.append((module, attr, getattr(module, attr).data_ptr()))
+    segments = [_segment(plan.entries[i], d) for i, d in zip(plan.direct, plan.dsts)]
+    plan.runs = copyruns.runs(segments)
+    if plan.dsts and plan.dsts[0].is_cuda:  # large pieces: the multi-tensor copy is faster there (GPU_MERGE_BELOW)
+        plan.runs = [r for run in plan.runs for r in (copyruns.apart(run) if run.count > 1 and
+                     math.prod(run.shape) * plan.dsts[0].element_size() >= GPU_MERGE_BELOW else [run])]
+    plan.run_dsts = [_run_dst(run, plan.dsts[run.members[0]]) for run in plan.runs]
+    _plans[(id(model), key)] = (weakref.ref(model), plan)
+    _plans.move_to_end((id(model), key))
+    while len(_plans) > MAX_PLANS:  # layouts change with the bucket size: the oldest go first
+        _plans.popitem(last=False)
+    return plan
+
+
+def _segment(entry: list, dst: torch.Tensor) -> copyruns.Segment:
+    start, size = entry[3], dst.element_size()
+    return copyruns.Segment(start // size if start % size == 0 else None, dst.untyped_storage().data_ptr(),
+                            dst.storage_offset(), tuple(dst.shape), tuple(dst.stride()), entry[1])
+
+
+def _run_dst(run: copyruns.Run, first: torch.Tensor) -> torch.Tensor:
+    if len(run.members) == 1:
+        return first
+    size, _, stride = copyruns.views(run)
+    return first.as_strided(size, stride, first.storage_offset())

@@ -1,0 +1,1 @@
+"""`labkit report`: the tables of README.md and docs/ generated from the stored runs in data/."""

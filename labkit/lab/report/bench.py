@@ -1,0 +1,116 @@
+"""The sync bench's README tables (labkit.lab.report.generate): one run of `labkit bench sync`, and every stored run
+of the bench pair side by side, so a reader sees how far a ratio moves from run to run on the same box."""
+
+from __future__ import annotations
+
+import shlex
+
+from labkit.lab.report.mtp import md_row as _row
+
+
+def bench_table(run: dict) -> list[str]:
+    head = ["transport", "transport-only (s)", "GB/s", "of a memcpy", "end to end (s)", "engine apply"]
+    lines = [_row(head), _row(["---"] * len(head))]
+    transports = [t for t in ("per-tensor", "colocated", "distributed", "direct")
+                  if f"bench/{t.replace('-', '_')}_seconds" in run]
+    for t in transports:
+        key = t.replace("-", "_")
+        apply = run.get(f"bench/apply_path/{t}", run["bench/apply_path"] if t == "colocated" else "load_weights")
+        lines.append(_row([t, f"{run[f'bench/{key}_seconds']:.3f}", f"{run[f'bench/{key}_gbps']:.2f}",
+                           f"{run.get(f'bench/{key}_vs_memcpy', 0):.3f}" if t != "per-tensor" else "",
+                           f"{run[f'bench/end_to_end_seconds/{t}']:.3f}", apply]))
+    lines += ["", f"{run['bench/model_bytes'] / 1e6:.0f} MB, {run['bench/num_tensors']} tensors, "
+                  f"{run['bench/bucket_bytes'] >> 20} MiB buckets; memcpy {run['bench/memcpy_gbps']:.1f} GB/s "
+                  "(a reference: pack + apply copy every byte twice, so about half of it is their limit, see "
+                  "*What bounds these ratios*; direct copies once). "
+                  f"Bucketed vs per-tensor: **{run['bench/speedup_bucketed_vs_per_tensor']:.1f}×** transport-only, "
+                  f"**{run['bench/speedup_end_to_end']:.1f}×** end to end"
+                  + (f"; direct vs per-tensor: **{run['bench/speedup_direct_vs_per_tensor']:.1f}×** transport-only, "
+                     f"**{run['bench/speedup_end_to_end/direct']:.1f}×** end to end"
+                     if "bench/speedup_direct_vs_per_tensor" in run else "") + ". `bench/verified`: "
+                  f"{run['bench/verified']} ({run['bench/engine_tensors_changed']} of {run['bench/engine_tensors']} "
+                  f"engine tensors changed over the run)."]
+    if "bench/peak_extra_bytes_measured" in run:
+        lines[-1] += (f" Extra memory of a bucketed sync: {run['bench/peak_extra_bytes'] / 1e6:.0f} MB planned, "
+                      f"{run['bench/peak_extra_bytes_measured'] / 1e6:.0f} MB measured (the kernel's resident "
+                      f"high-water mark), against a contract of 2 × bucket + largest tensor = "
+                      f"{(2 * run['bench/bucket_bytes'] + run['bench/largest_tensor_bytes']) / 1e6:.0f} MB.")
+    if "bench/engine_apply_share" in run:
+        lines[-1] += (" Share of an end-to-end sync spent in the engine's apply call (direct: the trainer's writes "
+                      "into the engine's parameters): " + ", ".join(
+            f"{t} {run[f'bench/engine_apply_share/{t}']:.0%}" for t in transports) + ".")
+    return lines + e2e_phase_table(run)
+
+
+E2E_PHASES = ("gather", "pack", "load", "verify", "stage", "guard", "session")
+
+
+def e2e_phase_table(run: dict) -> list[str]:
+    """Where the fastest end-to-end sync of each transport spent its time (`bench/phases_end_to_end`)."""
+    phases = run.get("bench/phases_end_to_end")
+    if not phases:
+        return []
+    head = ["end to end, by phase (s)", *E2E_PHASES, "waited"]
+    lines = ["", _row(head), _row(["---"] * len(head))]
+    for t, p in phases.items():
+        lines.append(_row([t, *(f"{p.get(k, 0.0):.3f}" for k in E2E_PHASES), f"{p['wall']:.3f}"]))
+    lines += ["", "Phases overlap (the next bucket's gather and pack run while the engine loads this one; the "
+                  "checksums of what was sent are hashed between packs, under `verify`), so a row does not add up "
+                  "to what was waited; `guard` is the atomic guard's own calls (the engine's checksums before the "
+                  "sync, pause, promote, resume)."]
+    return lines
+
+
+REPEATED = (  # (label, value from the pair (bench model run, MoE run), format)
+    ("memcpy reference (GB/s)", lambda d, m: d["bench/memcpy_gbps"], "{:.1f}"),
+    ("colocated, transport-only, of a memcpy", lambda d, m: d["bench/colocated_vs_memcpy"], "{:.3f}"),
+    ("colocated, end to end, of a memcpy", lambda d, m: d["bench/colocated_vs_memcpy_end_to_end"], "{:.3f}"),
+    ("direct, transport-only, of a memcpy", lambda d, m: d["bench/direct_vs_memcpy"], "{:.3f}"),
+    ("direct, end to end, of a memcpy", lambda d, m: d["bench/direct_vs_memcpy_end_to_end"], "{:.3f}"),
+    ("distributed, transport-only, of a memcpy", lambda d, m: d["bench/distributed_vs_memcpy"], "{:.3f}"),
+    ("colocated GB/s", lambda d, m: d["bench/colocated_gbps"], "{:.2f}"),
+    ("bucketed vs per-tensor, end to end", lambda d, m: d["bench/speedup_end_to_end"], "{:.1f}×"),
+    ("MoE preset's colocated GB/s, of the bench model's", lambda d, m: m["bench/colocated_gbps"]
+     / d["bench/colocated_gbps"], "{:.2f}"),
+    ("`bench/verified` (both models)", lambda d, m: d["bench/verified"] and m["bench/verified"], "{}"),
+)
+
+
+def repeats_table(pairs: list[tuple[dict, dict]]) -> list[str]:
+    """Each stored run of the bench pair (bench model, MoE preset), one column per run, with the range."""
+    head = ["metric", *(f"run {k}" for k in range(1, len(pairs) + 1)), "range"]
+    lines = [_row(head), _row(["---"] * len(head))]
+    for label, value, fmt in REPEATED:
+        vals = [value(d, m) for d, m in pairs]
+        spread = "" if isinstance(vals[0], bool) else f"{fmt.format(min(vals))}–{fmt.format(max(vals))}"
+        lines.append(_row([label, *(fmt.format(v) for v in vals), spread]))
+    return lines + ["", f"{len(pairs)} runs of each bench, one after another on the same box, by the same "
+                        "commands. Every ratio is to that run's own memcpy reference (the fastest of the "
+                        "samples it took after each transport); the MoE ratio pairs each bench-model run with the "
+                        "MoE run made after it."]
+
+
+def family_syncs_table(runs: list[tuple[str, dict]]) -> list[str]:
+    """`labkit sync --model <preset> --out data/sync_<preset>_cpu.json` runs: what one sync of each family carries
+    and whether it landed bitwise, as a user first meets it (a fresh engine: not a speed figure)."""
+    head = ["model", "trainer tensors", "MB", "buckets", "engine tensors verified", "engine apply", "verified",
+            "greedy = trainer", "first sync (s)"]
+    lines = [_row(head), _row(["---"] * len(head))]
+    for file, run in runs:
+        missing = len(run.get("verify/missing", [])) + len(run.get("verify/mismatched", []))
+        lines.append(_row([_model(run.get("command", ""), file), f"{run['sync/num_tensors']:,}",
+                           f"{run['sync/bytes'] / 1e6:.1f}", run["sync/num_buckets"],
+                           f"{run.get('verify/num_checked', 0):,}" + (f" ({missing} wrong)" if missing else ""),
+                           run["sync/apply_path"], run["sync/verified"],
+                           f"{run.get('rollout/greedy_match_frac', 0):.0%}", f"{run['timing/sync/total']:.2f}"]))
+    return lines + ["", "Each: `labkit sync --model <preset> --transport colocated`: three training steps, one "
+                        "sync into a fresh SGLang CPU engine (atomic guard, checksum verification of every engine "
+                        "tensor against the trainer's export), then greedy generations of engine and trainer "
+                        "compared. The first sync of an engine sets up its plan, buffers and engine contract: "
+                        "`labkit bench sync` times warm syncs."]
+
+
+def _model(command: str, file: str) -> str:
+    """The preset a stored `labkit sync` run names (`--model X`), else its file name."""
+    words = shlex.split(command)
+    return next((w for k, w in zip(words, words[1:]) if k == "--model"), file)

@@ -1,0 +1,116 @@
+"""The MTP tables of the README (labkit.lab.report.generate): the default three-arm run, and the draft objectives and
+cadences compared, paired seed by seed with the default run's frozen arm.
+
+Every comparison row pairs by seed: the arms of a seed see token-identical rollouts (seeded sampling, a draft that
+cannot move the policy, a pre-RL phase that leaves the trunk bit for bit), so the differences are the draft's alone.
+"""
+
+from __future__ import annotations
+
+from labkit.mtp import stats
+
+
+def md_row(cells) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def _pct(x) -> str:
+    return "n/a (one arm)" if x is None else f"{x:.0%}"
+
+
+def _ci(mean, ci) -> str:
+    return f"{mean:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else " (one seed: no interval)")
+
+
+def mtp_table(run: dict) -> list[str]:
+    m = run.get("metrics", run)
+    head = ["arm", "final accept rate, mean [95 % CI]", "last quarter, mean [95 % CI]", "final reward",
+            "final accept rate per seed"]
+    lines = [md_row(head), md_row(["---"] * len(head))]
+    for arm in m["mtp/arms"]:
+        per = ", ".join(f"{s[f'mtp/final_accept_rate_{arm}']:.3f}" for s in m["mtp/per_seed"])
+        lines.append(md_row([arm, _ci(m[f"mtp/final_accept_rate_{arm}_mean"], m[f"mtp/final_accept_rate_{arm}_ci95"]),
+                           _ci(m[f"mtp/tail_accept_rate_{arm}_mean"], m[f"mtp/tail_accept_rate_{arm}_ci95"]),
+                           f"{m[f'mtp/final_reward_{arm}']:.3f}", per]))
+    lines.append("")
+    if "mtp/diff_trained_frozen_mean" in m:
+        final = _ci(m["mtp/diff_trained_frozen_mean"], m["mtp/diff_trained_frozen_ci95"])
+        tail = _ci(m["mtp/diff_trained_frozen_tail_mean"], m["mtp/diff_trained_frozen_tail_ci95"])
+        lines.append(f"- trained − frozen, paired by seed (final): {final}; last quarter: {tail}")
+    if "mtp/unsynced_lowest_all_seeds" in m:
+        lines.append(f"- unsynced lowest in every seed: {m['mtp/unsynced_lowest_all_seeds']}; its draft, read back "
+                     f"from the engine, equalled the trainer's at step 0: "
+                     f"{m.get('mtp/unsynced_engine_draft_step0_equal')}, and differed from it at every later step: "
+                     f"{m.get('mtp/unsynced_engine_draft_stale_after')}")
+    lines.append(f"- evaluation on held-out problems, disjoint from pretraining and RL (`mtp/eval_disjoint`): "
+                 f"{m['mtp/eval_disjoint']}; rollouts token-identical across arms at step 0: "
+                 f"{m['mtp/rollouts_identical_step0']}, at later steps: {_pct(m['mtp/rollouts_identical_fraction'])}")
+    if "mtp/offline_err_step_mean" in m:
+        lines.append(f"- offline estimate's error per step: mean {m['mtp/offline_err_step_mean']:.3f}, "
+                     f"max {m['mtp/offline_err_step_max']:.3f}")
+    lines.append(f"- at step 0 (every arm): accept rate {m['mtp/start_accept_rate']:.3f}, reward "
+                 f"{m['mtp/start_reward']:.3f}")
+    lines.append(f"- seeds {m['mtp/seeds']}, {m['mtp/steps']} steps per arm, k = {m['mtp/k']}, "
+                 f"{m['timing/mtp_experiment/total'] / 60:.1f} min on this 2-core box")
+    return lines
+
+
+def _records(run: dict) -> list[dict]:
+    """The metric records a stored file holds: one for a `labkit mtp-experiment` run, one per finished value for
+    a `labkit notebook sweep --save` file."""
+    if "rows" in run:
+        return [r for r in run["rows"] if r.get("status") == "ok"]
+    return [run.get("metrics", run)]
+
+
+def _arms(m: dict) -> list[str]:
+    pre = "mtp/final_accept_rate_"  # not its per-depth keys, mtp/final_accept_rate_pos_{j}_{arm}
+    return [k.removeprefix(pre) for k in m["mtp/per_seed"][0] if k.startswith(pre) and not k.startswith(pre + "pos_")]
+
+
+def cadence(m: dict, arm: str) -> str | None:
+    """How the draft followed the policy in this arm, or None for an arm that compares nothing (the plain frozen
+    baseline, the unsynced failure mode)."""
+    pre = m.get("mtp/pre_rl_steps") or 0
+    if arm == "frozen":
+        return f"pre-RL only ({pre} MTP-only steps)" if pre else None
+    if arm != "trained":
+        return None
+    every = m.get("mtp/draft_sync_every", 1)
+    text = "every step" if every == 1 else f"every {every} steps"
+    return text + (f", after {pre} pre-RL steps" if pre else "")
+
+
+def draft_rows(runs: list[tuple[str, dict]], baseline: dict) -> list[dict]:
+    """One row per (stored record, arm) that compares a draft schedule: its objective, cadence, final and
+    last-quarter acceptance over seeds, and both paired with the baseline's frozen arm by seed."""
+    base = {s["mtp/seed"]: s for s in baseline.get("metrics", baseline)["mtp/per_seed"]}
+    out = []
+    for name, run in runs:
+        for m in _records(run):
+            for arm in _arms(m):
+                when = cadence(m, arm)
+                if when is None:
+                    continue
+                per = m["mtp/per_seed"]
+                seeds = [s["mtp/seed"] for s in per]
+                out.append({"file": name, "objective": m.get("mtp/target", "tokens"), "cadence": when,
+                            "arm": arm, "seeds": seeds,
+                            "final": (m[f"mtp/final_accept_rate_{arm}_mean"], m[f"mtp/final_accept_rate_{arm}_ci95"]),
+                            "tail": (m[f"mtp/tail_accept_rate_{arm}_mean"], m[f"mtp/tail_accept_rate_{arm}_ci95"]),
+                            "diff_final": stats.paired([s[f"mtp/final_accept_rate_{arm}"] for s in per],
+                                                       [base[x]["mtp/final_accept_rate_frozen"] for x in seeds]),
+                            "diff_tail": stats.paired([s[f"mtp/tail_accept_rate_{arm}"] for s in per],
+                                                      [base[x]["mtp/tail_accept_rate_frozen"] for x in seeds])})
+    return out
+
+
+def drafts_table(run: dict) -> list[str]:
+    """What the draft learns and when, over seeds; each row minus the default run's frozen arm, paired by seed."""
+    head = ["objective (`MTP_TARGET`)", "cadence", "final accept rate, mean [95 % CI]", "last quarter",
+            "final − frozen, paired", "last quarter − frozen, paired", "seeds"]
+    lines = [md_row(head), md_row(["---"] * len(head))]
+    for r in draft_rows(run["runs"], run["baseline"]):
+        lines.append(md_row([r["objective"], r["cadence"], _ci(*r["final"]), _ci(*r["tail"]), _ci(*r["diff_final"]),
+                             _ci(*r["diff_tail"]), ", ".join(map(str, r["seeds"]))]))
+    return lines

@@ -1,0 +1,1 @@
+"""The sync roofline: what a sync carries (from config.json alone) and the bound each transport sets."""
