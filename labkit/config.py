@@ -215,7 +215,7 @@ class TrainConfig:
     mtp_loss_scale: float = 0.1
     """Megatron's mtp_loss_scaling_factor; 0 freezes the MTP layers."""
     mtp_detach: bool = False
-    """MTP gradients stop at the trunk (labkit.mtp.loss; RL); pretraining trains both."""
+    """MTP gradients stop at the trunk (labkit.trainer.mtp_loss; RL); pretraining trains both."""
     mtp_target: MtpTarget = "tokens"
     """What the draft learns: tokens (CE on the sampled tokens, Megatron's), or the main head's distribution:
     policy (KL), topk (top-8 soft CE, SkyRL), tv (total variation, Bebop)."""

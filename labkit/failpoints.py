@@ -24,7 +24,8 @@ peer), `wait` (write `marker`, then block until the driver deletes `gate`: the d
 exact point, as `ray.kill` would in production), `squat` (bind and listen on ctx's port: another program
 took the port we were about to use), `corrupt` (flip one byte of ctx's `flat`: damage in transit), `skip`
 (`hit` answers True and the caller leaves its step out), `crash` (the process exits at once, as a segfault
-would).
+would). Whatever the action, a point armed with a `marker` writes it as it fires: `labkit faults` counts a trial
+only when its marker shows the fault happened.
 
 `engine.apply` fires in a process labkit does not start itself (SGLang's scheduler, a child of the engine
 actor or server). Armed there by `arm_in_actor(engine_actor, "engine.apply", ...)`, it is written to a file
@@ -130,6 +131,9 @@ def hit(point: str, **ctx) -> bool:
     if a.hits != a.nth:
         return False
     a.fired = True
+    if a.marker:  # proof that it fired, readable from the driver whatever the action does to this process next
+        with open(a.marker, "w") as f:
+            f.write(f"{point} {os.getpid()}\n")
     if a.action == "raise":
         raise FaultInjected(f"injected fault at {point} (hit {a.hits})")
     if a.action == "skip":
@@ -147,9 +151,6 @@ def hit(point: str, **ctx) -> bool:
         s.listen(1)
         a.held.append(s)
         return False
-    if a.action == "wait" and a.marker:
-        with open(a.marker, "w") as f:
-            f.write(f"{point} {os.getpid()}\n")
     deadline = time.monotonic() + a.limit_s
     while time.monotonic() < deadline:  # hang / wait: alive, doing nothing, until released
         if a.gate is not None and not os.path.exists(a.gate):

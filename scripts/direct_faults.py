@@ -1,6 +1,7 @@
-"""Five faults injected into `transport="direct"` syncs, through `labkit faults`' own harness (not yet in its trial
-plan): an exception and a killed trainer half way through the buckets, a killed engine, a bad tensor, an exception
-after the last bucket. Each must leave the engine serving the old weights bitwise and the next sync verified.
+"""Five faults injected into `transport="direct"` syncs, through `labkit faults`' own harness (a fixed set; `labkit
+faults` draws direct trials at random among the others): an exception and a killed trainer half way through the buckets,
+a killed engine, a bad tensor, an exception after the last bucket. Each must leave the engine serving the old weights
+bitwise and the next sync verified.
 
     python scripts/direct_faults.py --out data/faults_direct_cpu.json
 """
@@ -12,15 +13,15 @@ import sys
 import tempfile
 
 from labkit.lab.faults.harness import Harness
-from labkit.lab.faults.plan import FaultsConfig, Trial
+from labkit.lab.faults.plan import FaultsConfig, Trial, counted, half_updated
 
 TRIALS = [Trial("exception", "direct", "sync.bucket", "raise", 0.5),
           Trial("trainer_killed", "direct", "sync.bucket", "wait", 0.6),
           Trial("engine_killed", "direct", "sync.bucket", "wait", 0.5),
           Trial("bad_tensor", "direct", None, None, 0.0),
           Trial("exception", "direct", "sync.version", "raise", 0.0)]
-KEYS = ("kind", "point", "failed", "restored", "state", "recovered", "modified_then_restored", "served_mid_sync",
-        "engine_restarted", "trainer_killed", "next_sync_verified", "sync_s", "recover_s")
+KEYS = ("kind", "point", "fired", "failed", "restored", "state", "recovered", "modified_then_restored",
+"served_mid_sync",         "engine_restarted", "trainer_killed", "next_sync_verified", "sync_s", "recover_s")
 
 
 def main() -> int:
@@ -35,8 +36,9 @@ def main() -> int:
         h.close()
         shutil.rmtree(workdir, ignore_errors=True)
     out = {"command": " ".join(["python scripts/direct_faults.py", *sys.argv[1:]]), "faults/trials": rows,
-           "faults/recovered": sum(r["recovered"] for r in rows),
-           "faults/half_updated": sum(r["state"] == "neither" for r in rows),
+           "faults/fired": sum(bool(r["fired"]) for r in rows),
+           "faults/recovered": sum(counted(r) for r in rows),
+           "faults/half_updated": sum(half_updated(r) for r in rows),
            "faults/served_mid_sync": sum(bool(r["served_mid_sync"]) for r in rows)}
     text = json.dumps(out, indent=1)
     if args.out:

@@ -1,16 +1,15 @@
 """Per-tensor checksums: the same bytes hashed the same way by the trainer (labkit.sync.verify) and by the engine's
 weight checker (SGLang's `check_weights`), so only 64 bits per tensor cross the wire.
 
-Why not SGLang's CPU hash: its weight checker hashes a CPU tensor with sha256 (`mm_utils.tensor_hash`, 1.1 GB/s
-on one core of the 2-core box), a device tensor with its own non-cryptographic kernel. A guarded, verified sync
-hashes the whole model three times (the trainer's expectation, the engine after the sync, the engine before it
-for the guard): on the 0.32 GB bench model that was ~0.75 s of a 0.98 s end-to-end sync, against 0.19 s of
-moving the weights (the guard's hash is now answered from the engine's memo where nothing wrote in
-between: labkit.engine.inside.checkmemo). xxh3-64 (the `xxhash` package SGLang itself depends on) reads ~11 GB/s.
-Like SGLang's device
-hash it guards against accidents (a wrong offset, a stale slice, a bucket that never landed), not an adversary:
-trainer and engine are one trust domain. Both values are 64 bits (sha256's first 8 bytes), so the chance that a
-changed tensor keeps its checksum is 2^-64 either way.
+Why not SGLang's CPU hash: its weight checker hashes a CPU tensor with sha256 (`mm_utils.tensor_hash`, one
+core, a cryptographic hash), a device tensor with its own non-cryptographic kernel. A guarded, verified sync
+hashes the whole model up to three times (the trainer's expectation, the engine after the sync, the engine
+before it for the guard, answered from the engine's memo where nothing wrote in between:
+labkit.engine.inside.checkmemo), so the hash rate bounds a verified sync (`bench/phases_end_to_end`).
+xxh3-64 (the `xxhash` package SGLang itself depends on) is a non-cryptographic hash several times faster than
+sha256 on a CPU core. Like SGLang's device hash it guards against accidents (a wrong offset, a stale slice, a bucket
+that never landed), not an adversary: trainer and engine are one trust domain. Both values are 64 bits (sha256's first 8
+bytes), so the chance that a changed tensor keeps its checksum is 2^-64 either way.
 
 labkit's model classes install it in SGLang's checker (`labkit.engine.inside.sglang_models.weights.install_checksum`)
 and say so when asked (`CHECKSUM_NAME`); an engine without them (a foreign server, SGLang's own model classes)

@@ -218,9 +218,8 @@ class Contract:
     @classmethod
     def find(cls, model_dir: str, dtype: str = "auto") -> Contract | None:
         """The contract of a local model dir, cached until its weights or config change; None when labkit cannot
-        see the checkpoint (a remote engine, model_dir "<remote>"). Every sync asks for it: reading the headers
-        afresh took ~17 ms of each sync of the 4,179-tensor MoE preset, in the caller's process (py-spy of the
-        driver, not stored)."""
+        see the checkpoint (a remote engine, model_dir "<remote>"). Every sync asks for it, and reading thousands
+        of safetensors headers afresh each time would be paid on every sync, in the caller's process."""
         d = Path(model_dir)
         files = sorted(d.glob("*.safetensors")) if d.is_dir() else []
         if not files:

@@ -7,30 +7,21 @@ started, so importing labkit.engine stays cheap.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from labkit.cluster import runtime
 from labkit.engine.actor import ActorBackend, remote_class
 from labkit.engine.config import EngineConfig
 from labkit.engine.errors import EngineError, EngineUnreachable, Unsupported
 from labkit.engine.http import HttpBackend, ServerProcess
+from labkit.models import hf
 
 
 def check_model_dir(model_dir: str) -> None:
-    """Fail before starting anything when the directory cannot be an HF model directory."""
-    d = Path(model_dir)
-    if not d.is_dir():
-        raise EngineError(f"model_dir={model_dir!r} is not a directory")
-    cfg = d / "config.json"
-    if not cfg.is_file():
-        raise EngineError(f"model_dir={model_dir!r} has no config.json: SGLang needs an HF model directory")
+    """Fail before starting anything when the directory cannot be an HF model directory with weights
+    (labkit.models.hf.check_model_dir, raised as EngineError)."""
     try:
-        json.loads(cfg.read_text())
-    except ValueError as e:
-        raise EngineError(f"model_dir={model_dir!r}: config.json is not valid JSON ({e})") from None
-    if not any(d.glob("*.safetensors")) and not any(d.glob("*.bin")):
-        raise EngineError(f"model_dir={model_dir!r} has no *.safetensors or *.bin weights")
+        hf.check_model_dir(model_dir, weights=True)
+    except (OSError, ValueError) as e:
+        raise EngineError(str(e)) from None
 
 
 def cpu() -> bool:

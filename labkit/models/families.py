@@ -3,9 +3,9 @@
 A weight sync meets each family's own layout: q/k norms (Qwen3), hundreds of per-expert tensors that an
 engine fuses into `w13`/`w2` (MoE), MLA's low-rank projections that an engine fuses across two HF tensors
 (DeepSeek-V3). So each directory here holds exactly what a real checkpoint of that family holds: config.json
-written by the transformers config class, HF checkpoint names (per expert), labkit's char tokenizer (so
-`labkit.tasks.ArithTask` runs on every family) and random weights fixed by the spec's seed. The tensors are
-written directly (no HF model is built), so even the 4,000-tensor preset takes a second.
+written by the transformers config class, HF checkpoint names (labkit.models.naming applied to that config, per
+expert), labkit's char tokenizer (so `labkit.tasks.ArithTask` runs on every family) and random weights fixed by
+the spec's seed. The tensors are written directly from their names and shapes: no HF model is built.
 """
 
 from __future__ import annotations
@@ -15,13 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labkit.config import _int, check
+from labkit.models.naming import hf_tensors
 from labkit.models.tokenizer import BOS, EOS, PAD, VOCAB, save_char_tokenizer
 
 FAMILIES = ("qwen3", "qwen3-moe", "deepseek-v3")
 # config.json's model_type -> family name (mimo: labkit.models.tiny).
 MODEL_TYPES = {"mimo": "mimo", "qwen3": "qwen3", "qwen3_moe": "qwen3-moe", "deepseek_v3": "deepseek-v3"}
 ROPE_THETA = 10000.0
-INIT_STD = 0.2  # large enough that greedy output depends on the prompt (0.02 gives one token for every prompt)
+# Large enough that greedy output depends on the prompt (test_forward_is_finite_and_greedy_depends_on_the_prompt);
+# at the usual 0.02 a model this small answers every prompt with the same token.
+INIT_STD = 0.2
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -78,11 +81,12 @@ class FamilySpec:
 
 
 # name -> (family, spec). `qwen3-moe` is a checkpoint of 4,179 tensors (16 layers x 84 experts x 3; Qwen3-30B-A3B
-# has 18,867) holding 300 MB in fp32, within 6 % of the dense bench model's 317 MB (labkit.models.tiny.BENCH_SPEC,
-# 307 tensors): the two differ in tensor count, not in bytes, so `labkit bench sync --model qwen3-moe` measures
-# what the count costs a sync (at 9 MB, an earlier size, fixed per-sync costs set its GB/s instead). Its expert
-# width 96 is a multiple of 32, as real checkpoints' are, so a CPU engine does not pad it. The others are at the
-# tiny default sizes (`qwen3-moe-tiny`: 69 tensors, for tests; the integration tests pad an expert width of 16).
+# has 18,867, labkit.models.real) holding about the bytes of the dense bench model (labkit.models.tiny.BENCH_SPEC,
+# 307 tensors): data/bench_sync_moe_cpu.json and data/bench_sync_cpu.json record 299,706,112 and 317,407,232
+# bytes. The two differ in tensor count, not in bytes, so `labkit bench sync --model qwen3-moe` measures what the
+# count costs a sync rather than what its bytes do (a unit test keeps them within 10 %). Its expert width 96 is a
+# multiple of 32, as real checkpoints' are, so a CPU engine does not pad it. The others are at the tiny default
+# sizes (`qwen3-moe-tiny`: 69 tensors, for tests; the integration tests pad an expert width of 16).
 FAMILY_SIZES: dict[str, tuple[str, FamilySpec]] = {
     "qwen3": ("qwen3", FamilySpec()),
     "qwen3-moe": ("qwen3-moe", FamilySpec(hidden=192, layers=16, heads=4, kv_heads=2, head_dim=8, ffn=64,
@@ -97,10 +101,9 @@ def _preset(name: str) -> tuple[str, FamilySpec]:
     return FAMILY_SIZES[name]
 
 
-def hf_config(family: str, spec: FamilySpec):
-    """The transformers config object of `family` at these sizes (what config.json holds)."""
-    import transformers
-
+def config_fields(family: str, spec: FamilySpec) -> dict:
+    """config.json's fields of `family` (or a FAMILY_SIZES preset) at these sizes, with its model_type: what
+    `hf_config` gives the transformers config class, and what `tensor_shapes` names the tensors from."""
     family = _preset(family)[0]
     common = {"vocab_size": spec.vocab, "hidden_size": spec.hidden, "num_hidden_layers": spec.layers,
               "num_attention_heads": spec.heads, "intermediate_size": spec.ffn,
@@ -111,71 +114,40 @@ def hf_config(family: str, spec: FamilySpec):
         # not write them) and, on CPU, YaRN rope ("Only deepseek_yarn is supported for CPU"): factor 1 is plain RoPE.
         rope = {"rope_type": "yarn", "rope_theta": ROPE_THETA, "factor": 1.0, "beta_fast": 32, "beta_slow": 1,
                 "original_max_position_embeddings": spec.max_positions, "mscale": 1, "mscale_all_dim": 1}
-        return transformers.DeepseekV3Config(
-            **common, architectures=["DeepseekV3ForCausalLM"], num_key_value_heads=spec.heads,
-            n_routed_experts=spec.experts, num_experts_per_tok=spec.top_k, moe_intermediate_size=spec.moe_ffn,
-            n_shared_experts=spec.shared_experts, n_group=1, topk_group=1, first_k_dense_replace=spec.dense_layers,
-            q_lora_rank=spec.q_lora, kv_lora_rank=spec.kv_lora, qk_nope_head_dim=spec.head_dim,
-            qk_rope_head_dim=spec.rope_head_dim, v_head_dim=spec.head_dim, rope_parameters=rope,
-            num_nextn_predict_layers=0, moe_layer_freq=1, topk_method="noaux_tc", scoring_func="sigmoid")
+        return dict(
+            **common, model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"],
+            num_key_value_heads=spec.heads, n_routed_experts=spec.experts, num_experts_per_tok=spec.top_k,
+            moe_intermediate_size=spec.moe_ffn, n_shared_experts=spec.shared_experts, n_group=1, topk_group=1,
+            first_k_dense_replace=spec.dense_layers, q_lora_rank=spec.q_lora, kv_lora_rank=spec.kv_lora,
+            qk_nope_head_dim=spec.head_dim, qk_rope_head_dim=spec.rope_head_dim, v_head_dim=spec.head_dim,
+            rope_parameters=rope, num_nextn_predict_layers=0, moe_layer_freq=1, topk_method="noaux_tc",
+            scoring_func="sigmoid")
     qwen = {"num_key_value_heads": spec.kv_heads, "head_dim": spec.head_dim, "attention_bias": False,
             "use_sliding_window": False, "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA}}
     if family == "qwen3":
-        return transformers.Qwen3Config(**common, **qwen, architectures=["Qwen3ForCausalLM"],
-                                        max_window_layers=spec.layers)
-    return transformers.Qwen3MoeConfig(
-        **common, **qwen, architectures=["Qwen3MoeForCausalLM"], num_experts=spec.experts,
-        num_experts_per_tok=spec.top_k, moe_intermediate_size=spec.moe_ffn, decoder_sparse_step=1,
-        norm_topk_prob=True, mlp_only_layers=list(range(spec.dense_layers)))
+        return {**common, **qwen, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"],
+                "max_window_layers": spec.layers}
+    return {**common, **qwen, "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"],
+            "num_experts": spec.experts, "num_experts_per_tok": spec.top_k, "moe_intermediate_size": spec.moe_ffn,
+            "decoder_sparse_step": 1, "norm_topk_prob": True, "mlp_only_layers": list(range(spec.dense_layers))}
 
 
-def _mlp(prefix: str, h: int, ffn: int) -> dict[str, tuple[int, ...]]:
-    return {f"{prefix}.gate_proj.weight": (ffn, h), f"{prefix}.up_proj.weight": (ffn, h),
-            f"{prefix}.down_proj.weight": (h, ffn)}
+def hf_config(family: str, spec: FamilySpec):
+    """The transformers config object of `family` at these sizes (what config.json holds)."""
+    import transformers
 
-
-def _attention(family: str, p: str, s: FamilySpec) -> dict[str, tuple[int, ...]]:
-    h, n = s.hidden, s.heads
-    if family == "deepseek-v3":  # MLA: q through a rank-q_lora bottleneck, k/v from a shared kv_lora latent
-        return {f"{p}.q_a_proj.weight": (s.q_lora, h), f"{p}.q_a_layernorm.weight": (s.q_lora,),
-                f"{p}.q_b_proj.weight": (n * (s.head_dim + s.rope_head_dim), s.q_lora),
-                f"{p}.kv_a_proj_with_mqa.weight": (s.kv_lora + s.rope_head_dim, h),
-                f"{p}.kv_a_layernorm.weight": (s.kv_lora,),
-                f"{p}.kv_b_proj.weight": (n * 2 * s.head_dim, s.kv_lora),
-                f"{p}.o_proj.weight": (h, n * s.head_dim)}
-    q, kv = n * s.head_dim, s.kv_heads * s.head_dim
-    return {f"{p}.q_proj.weight": (q, h), f"{p}.k_proj.weight": (kv, h), f"{p}.v_proj.weight": (kv, h),
-            f"{p}.o_proj.weight": (h, q), f"{p}.q_norm.weight": (s.head_dim,), f"{p}.k_norm.weight": (s.head_dim,)}
-
-
-def _moe(family: str, p: str, s: FamilySpec) -> dict[str, tuple[int, ...]]:
-    out = {f"{p}.gate.weight": (s.experts, s.hidden)}
-    if family == "deepseek-v3":
-        out[f"{p}.gate.e_score_correction_bias"] = (s.experts,)
-        out.update(_mlp(f"{p}.shared_experts", s.hidden, s.moe_ffn * s.shared_experts))
-    for e in range(s.experts):
-        out.update(_mlp(f"{p}.experts.{e}", s.hidden, s.moe_ffn))
-    return out
+    fields = config_fields(family, spec)
+    cls = {"qwen3": transformers.Qwen3Config, "qwen3_moe": transformers.Qwen3MoeConfig,
+           "deepseek_v3": transformers.DeepseekV3Config}[fields.pop("model_type")]
+    return cls(**fields)
 
 
 def tensor_shapes(family: str, spec: FamilySpec | None = None) -> dict[str, tuple[int, ...]]:
-    """HF checkpoint names and shapes of `family` (or a FAMILY_SIZES preset) at these sizes: per-expert names
-    (`model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight`), as transformers 5 saves them."""
-    family, default = _preset(family)
-    s = default if spec is None else spec
-    shapes = {"model.embed_tokens.weight": (s.vocab, s.hidden)}
-    for i in range(s.layers):
-        p = f"model.layers.{i}"
-        shapes[f"{p}.input_layernorm.weight"] = (s.hidden,)
-        shapes.update(_attention(family, f"{p}.self_attn", s))
-        shapes[f"{p}.post_attention_layernorm.weight"] = (s.hidden,)
-        if family == "qwen3" or i < s.dense_layers:
-            shapes.update(_mlp(f"{p}.mlp", s.hidden, s.ffn))
-        else:
-            shapes.update(_moe(family, f"{p}.mlp", s))
-    shapes["model.norm.weight"] = (s.hidden,)
-    shapes["lm_head.weight"] = (s.vocab, s.hidden)
-    return shapes
+    """HF checkpoint names and shapes of `family` (or a FAMILY_SIZES preset) at these sizes: labkit.models.naming
+    applied to its config.json fields (per-expert names, `model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight`,
+    as transformers 5 saves them)."""
+    s = _preset(family)[1] if spec is None else spec
+    return dict(hf_tensors(config_fields(family, s)))
 
 
 def init_weights(family: str, spec: FamilySpec | None = None) -> dict:

@@ -1,7 +1,7 @@
 """Reading an HF model directory, and transformers reference forwards (the parity oracle for the trainer).
 
-`load_hf_config` validates the directory before anything heavy runs. `ReferenceModel` runs the trunk as
-transformers' Qwen2 and the MTP head exactly as MiMo/SGLang/vLLM compute it:
+`check_model_dir` validates the directory before anything heavy runs (the engine's start too). `ReferenceModel` runs
+the trunk as transformers' Qwen2 and the MTP head exactly as MiMo/SGLang/vLLM compute it:
 input_proj(cat([hidden_layernorm(h_i), token_layernorm(embed(t_{i+1}))])) -> decoder layer -> final_layernorm.
 """
 
@@ -14,17 +14,33 @@ from pathlib import Path
 KNOWN_MODEL_TYPES = ("mimo", "qwen2", "qwen3", "llama", "qwen3_moe", "deepseek_v3")
 
 
-def read_config_json(model_dir: str | Path) -> dict:
+def check_model_dir(model_dir: str | Path, weights: bool = False) -> dict:
+    """The parsed config.json of an HF model directory, checked before anything heavy starts: FileNotFoundError
+    naming the directory when it is none, has no config.json or (with `weights`) no *.safetensors or *.bin
+    weights; ValueError when config.json is not JSON. The one check of a model directory (the engine's start
+    runs it too, labkit.engine.lifecycle)."""
     d = Path(model_dir)
     if not d.is_dir():
         raise FileNotFoundError(f"model_dir={str(model_dir)!r} is not a directory")
     f = d / "config.json"
     if not f.is_file():
         raise FileNotFoundError(f"model_dir={str(model_dir)!r} has no config.json: expected an HF model directory")
-    cfg = json.loads(f.read_text())
+    try:
+        cfg = json.loads(f.read_text())
+    except ValueError as e:
+        raise ValueError(f"model_dir={str(model_dir)!r}: config.json is not valid JSON ({e})") from None
+    if weights and not any(d.glob("*.safetensors")) and not any(d.glob("*.bin")):
+        raise FileNotFoundError(f"model_dir={str(model_dir)!r} has no *.safetensors or *.bin weights")
+    return cfg
+
+
+def read_config_json(model_dir: str | Path) -> dict:
+    """config.json of a model directory labkit trains (check_model_dir), refusing a model_type it has not run."""
+    cfg = check_model_dir(model_dir)
     mt = cfg.get("model_type")
     if mt not in KNOWN_MODEL_TYPES:
-        raise ValueError(f"model_type={mt!r} in {f} is not supported: expected one of {', '.join(KNOWN_MODEL_TYPES)}")
+        raise ValueError(f"model_type={mt!r} in {Path(model_dir) / 'config.json'} is not supported: expected one of "
+                         f"{', '.join(KNOWN_MODEL_TYPES)}")
     return cfg
 
 

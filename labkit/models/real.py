@@ -1,15 +1,14 @@
-"""The config.json fields of real models the sync roofline needs (labkit.lab.roofline.tensors enumerates their
-tensors from these). A module, not JSON files, so the configs ship with the package (package data lists only
-py.typed). Only the fields that decide tensor names and shapes are kept.
+"""The config.json fields of real models the sync roofline needs (labkit.lab.roofline.tensors names their
+tensors from these with labkit.models.naming). A module, not JSON files, so the configs ship with the package
+(package data lists only py.typed). Only the fields that decide tensor names and shapes are kept.
 
-Verification (late 2026): the Hugging Face config.json files themselves are not in the source index labkit's
-authors could search, so they were NOT read directly. Every field below was checked against Megatron-core
-argument scripts that restate them (vllm-project/vime `scripts/models/{moonlight,qwen3-30B-A3B,deepseek-v3,
-kimi-k2}.sh` @ b332ffc2: layers, hidden, FFN and MoE FFN sizes, heads, KV groups, MLA ranks and head dims,
-vocabulary, experts, top-k, shared experts, first dense layers, untied embeddings, expert bias) and, for
-DeepSeek-V3, against transformers' `DeepseekV3Config` defaults (which are DeepSeek-V3's: vocab 129280, one MTP
-layer). Moonlight's `q_lora_rank: null` is inferred: its Megatron arguments pass no `--q-lora-rank`.
-Parameter totals from these fields are unit-tested against the published sizes (tests/unit/test_roofline.py).
+Sources: the Hugging Face config.json files are not read here; each field is as Megatron-core argument scripts
+restate it (vllm-project/vime `scripts/models/{moonlight,qwen3-30B-A3B,deepseek-v3,kimi-k2}.sh`: layers,
+hidden, FFN and MoE FFN sizes, heads, KV groups, MLA ranks and head dims, vocabulary, experts, top-k, shared
+experts, first dense layers, untied embeddings, expert bias) and, for DeepSeek-V3, as transformers'
+`DeepseekV3Config` defaults (which are DeepSeek-V3's) give it. Moonlight's `q_lora_rank: null` follows from its
+Megatron arguments passing no `--q-lora-rank`. Each model's `_source` names its config. Parameter totals from
+these fields are unit-tested against the published sizes (tests/unit/test_roofline.py).
 """
 
 from __future__ import annotations

@@ -11,12 +11,14 @@ import shutil
 from pathlib import Path
 
 from labkit.config import ModelSpec
+from labkit.models.naming import hf_tensors
 from labkit.models.tokenizer import BOS, EOS, PAD, save_char_tokenizer
 
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "data" / "tiny-mimo"
-# The family at sync-measurement sizes. "tiny" is the shipped checkpoint (2.5 MB, 43 tensors: so small that a
-# sync's fixed costs hide what bucket size does); "quick" and "bench" (~79 M parameters, 316 MB in fp32, 307
-# tensors) scale it up by its size arguments, with random weights (a sync moves bytes, whatever they hold).
+# The family at sync-measurement sizes. "tiny" is the shipped checkpoint (data/tiny-mimo: 43 tensors, 2.6 MB, so
+# small that a sync's fixed costs hide what bucket size does); "quick" and "bench" scale it up by its size
+# arguments, with random weights (a sync moves bytes, whatever they hold). "bench" is 307 tensors, 317,407,232
+# bytes in fp32 (data/bench_sync_cpu.json, `labkit bench sync`).
 QUICK_SPEC = ModelSpec(hidden=256, layers=4, heads=4, kv_heads=2, ffn=768, mtp_layers=1, seed=0)
 BENCH_SPEC = ModelSpec(hidden=512, layers=24, heads=8, kv_heads=4, ffn=1536, mtp_layers=1, seed=0)
 SIZES: dict[str, ModelSpec | None] = {"tiny": None, "quick": QUICK_SPEC, "bench": BENCH_SPEC}
@@ -68,38 +70,10 @@ def hf_config(spec: ModelSpec) -> dict:
     }
 
 
-def _layer_shapes(prefix: str, h: int, q: int, kv: int, ffn: int) -> dict[str, tuple[int, ...]]:
-    return {
-        f"{prefix}.input_layernorm.weight": (h,),
-        f"{prefix}.self_attn.q_proj.weight": (q, h),
-        f"{prefix}.self_attn.q_proj.bias": (q,),
-        f"{prefix}.self_attn.k_proj.weight": (kv, h),
-        f"{prefix}.self_attn.k_proj.bias": (kv,),
-        f"{prefix}.self_attn.v_proj.weight": (kv, h),
-        f"{prefix}.self_attn.v_proj.bias": (kv,),
-        f"{prefix}.self_attn.o_proj.weight": (h, q),
-        f"{prefix}.post_attention_layernorm.weight": (h,),
-        f"{prefix}.mlp.gate_proj.weight": (ffn, h),
-        f"{prefix}.mlp.up_proj.weight": (ffn, h),
-        f"{prefix}.mlp.down_proj.weight": (h, ffn),
-    }
-
-
 def tensor_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
-    """HF names and shapes of a MiMo checkpoint with these sizes (MTP layers under model.mtp_layers.{i})."""
-    h, hd = spec.hidden, spec.hidden // spec.heads
-    q, kv = spec.heads * hd, spec.kv_heads * hd
-    shapes = {"model.embed_tokens.weight": (spec.vocab, h)}
-    for i in range(spec.layers):
-        shapes.update(_layer_shapes(f"model.layers.{i}", h, q, kv, spec.ffn))
-    shapes["model.norm.weight"] = (h,)
-    shapes["lm_head.weight"] = (spec.vocab, h)
-    for i in range(spec.mtp_layers):
-        p = f"model.mtp_layers.{i}"
-        shapes.update({f"{p}.token_layernorm.weight": (h,), f"{p}.hidden_layernorm.weight": (h,),
-                       f"{p}.input_proj.weight": (h, 2 * h), f"{p}.final_layernorm.weight": (h,)})
-        shapes.update(_layer_shapes(p, h, q, kv, spec.ffn))
-    return shapes
+    """HF names and shapes of a MiMo checkpoint with these sizes (MTP layers under model.mtp_layers.{i}):
+    labkit.models.naming applied to its config.json."""
+    return dict(hf_tensors(hf_config(spec)))
 
 
 def init_weights(spec: ModelSpec) -> dict:

@@ -2,7 +2,7 @@
 
   frozen    the MTP layer is not trained (mtp_loss_scale 0); everything is synced, so the draft reads the
             current trunk states and the current shared embedding/output head through a step-0 MTP layer
-  trained   MTP loss on the response tokens, trunk detached (labkit.mtp.loss); everything synced
+  trained   MTP loss on the response tokens, trunk detached (labkit.trainer.mtp_loss); everything synced
   unsynced  trained like `trained`, but each sync leaves the draft layers out: the engine's draft store stays
             as at step 0, and acceptance uses the draft read back from the engine (get_weights_by_name). The
             embedding and output head are the target's, synced: SGLang's MTP worker shares them with the
@@ -31,10 +31,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, get_args
 
-from labkit.cluster import runtime
-from labkit.cluster.placement import Placement, layout
 from labkit.config import ParallelSpec, TrainConfig, check
-from labkit.engine import EngineConfig, EngineHandle
+from labkit.engine import EngineConfig
+from labkit.engine.startup import place, start_engines
 from labkit.models.hf import read_config_json
 from labkit.models.tiny import default_model_dir
 from labkit.mtp import rl, summary, warmup
@@ -51,9 +50,14 @@ ARMS = get_args(Arm)
 @dataclass(kw_only=True, slots=True, frozen=True)
 class ExperimentConfig:
     steps: int = 60
+    """RL steps per arm."""
     arms: tuple[Arm, ...] = ARMS
-    k: int = 1  # drafts per verify step (draft_len; SGLang: speculative_num_steps, its num_draft_tokens is k + 1)
-    spec_temperature: float = 1.0  # the rollout temperature: what RL serves
+    """The arms run per seed (the module's docstring says what each is)."""
+    k: int = 1
+    """Drafts per verify step, k (draft_len; 1 is MiMo's recipe; SGLang: speculative_num_steps, its
+    num_draft_tokens is k + 1)."""
+    spec_temperature: float = 1.0
+    """Speculative sampling temperature: the rollout temperature, what RL serves."""
     eval_prompts: int = 256
     """Held-out problems the acceptance is measured on (the task's `evaluation(n)`: never trained on)."""
     seeds: tuple[int, ...] = (0, 1, 2)
@@ -208,17 +212,15 @@ def run(cfg: ExperimentConfig | None = None, *, quick: bool = False, model_dir: 
     check(n_mtp >= 1, "model_dir", model_dir, "a model with an MTP layer (num_nextn_predict_layers >= 1) to draft with")
     _, held_out = evaluation_set(task, cfg.eval_prompts)  # a bad eval_prompts fails here, before anything starts
     t0 = time.perf_counter()
-    runtime.init()
-    placement = Placement(layout("colocated", 1, 1, cpus_per_bundle=2.0))
-    engine = None
+    placement = place("colocated", 1)
+    engines: list = []
     try:
-        engine = EngineHandle.start(EngineConfig(model_dir=model_dir, dtype="float32", max_total_tokens=8192,
-                                                 mem_fraction_static=0.05),
-                                    scheduling_strategy=placement.strategy("engine:0"))
+        engine = start_engines(EngineConfig(model_dir=model_dir, dtype="float32", max_total_tokens=8192,
+                                            mem_fraction_static=0.05), placement, started=engines)[0]
         runs = [run_seed(seed, engine, placement, model_dir, cfg, task, progress) for seed in cfg.seeds]
     finally:
-        if engine is not None:
-            engine.shutdown()
+        for e in engines:
+            e.shutdown()
         placement.remove()
     history = [r for rows, _ in runs for r in rows]
     pre_rl = [p for _, p in runs if p is not None]

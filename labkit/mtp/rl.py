@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from labkit.config import TrainConfig, check
 from labkit.models.tokenizer import PAD
 from labkit.mtp.acceptance import by_entropy, offline_accept_rate, offline_loop_rate
+from labkit.mtp.rollout import rollout
 from labkit.sync import SyncConfig, sync
 from labkit.tasks import ArithTask
 
@@ -26,8 +27,8 @@ def rl_train_config() -> TrainConfig:
     """The trainer settings RL starts from: MTP loss on the response tokens with the trunk detached."""
     # lr: Adam without the pretraining state; 4e-4 already costs greedy accuracy. mtp_loss_scale: the MTP layers
     # only see MTP gradients (detached), so this is their loss weight. mtp_lr_mult: the shipped draft must relearn
-    # to read a post-trained trunk, which at the policy's lr outlasts an RL run (ones-digit acceptance +0.04 in
-    # 40 fixed-trunk steps at 1x, +0.07 at 5x).
+    # to read a post-trained trunk, which at the policy's lr outlasts an RL run. How these defaults were chosen,
+    # and a pre-registered replication with the draft lr at 1x: docs/mtp.md, docs/preregistration/.
     return TrainConfig(lr=2e-4, mtp_loss_scale=1.0, mtp_detach=True, mtp_lr_mult=5.0)
 
 
@@ -57,7 +58,7 @@ class RLConfig:
               "> 0 (RL samples; greedy groups carry no signal)")
         check(isinstance(self.train, TrainConfig), "train", self.train, "a TrainConfig")
         check(self.train.mtp_detach, "train.mtp_detach", self.train.mtp_detach,
-              "True: the MTP loss must not move the policy under RL (labkit.mtp.loss)")
+              "True: the MTP loss must not move the policy under RL (labkit.trainer.mtp_loss)")
 
 
 def advantages(rewards: list[float], group: int) -> list[float]:
@@ -95,18 +96,6 @@ def digest(rows: list[dict]) -> str:
     for r in rows:
         h.update(",".join(map(str, r["tokens"])).encode() + b";")
     return h.hexdigest()[:16]
-
-
-def rollout(engine, problems, cfg: RLConfig, task=None, seed: tuple[int, ...] | None = None) -> list[dict]:
-    """`cfg.group` samples per problem from the engine, with the engine's per-token log-probs and the task's
-    reward (`task`: a labkit.tasks.Task, default the arithmetic task); `seed`: see `sampling_params`."""
-    task = task or ArithTask()
-    items = [p for p in problems for _ in range(cfg.group)]
-    ids = [task.tokenizer.encode(p.prompt) for p in items]
-    outs = engine.generate(input_ids=ids, return_logprob=True, sampling=sampling_params(len(problems), cfg, seed))
-    return [{"problem": p, "prompt_ids": i, "tokens": o["tokens"], "logprobs": o["logprobs"],
-             "reward": task.reward(p, o["text"]), "weight_version": o["meta_info"].get("weight_version")}
-            for p, i, o in zip(items, ids, outs)]
 
 
 def to_batch(rows: list[dict]):
@@ -195,7 +184,9 @@ def step(trainer, engine, problems, cfg: RLConfig, *, step_index: int = 0, eval_
     """
     import torch
 
-    rows = rollout(engine, problems, cfg, task, seed)
+    task = task or ArithTask()
+    rows = rollout(engine, task, [p for p in problems for _ in range(cfg.group)],
+                   sampling_params(len(problems), cfg, seed))  # cfg.group samples per problem
     rewards = [r["reward"] for r in rows]
     tokens, mask, drafted = to_batch(rows)
     out = trainer.forward(tokens)

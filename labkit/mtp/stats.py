@@ -1,27 +1,70 @@
 """Across-seed statistics for the MTP experiment: means with Student-t 95 % intervals, paired differences.
 
 Pure Python. Few seeds (3 by default) make the normal 1.96 far too narrow (t_0.975 with 2 degrees of freedom
-is 4.30), so the interval uses the t quantile for n - 1 degrees of freedom. A paired difference (trained -
-frozen within each seed, same rollouts and eval prompts) removes the variation the arms share.
+is 4.30), so the interval uses the exact t quantile for n - 1 degrees of freedom (`t975`). A paired difference
+(trained minus frozen within each seed, same rollouts and eval prompts) removes the variation the arms share.
 What the interval covers: the seeds' variation (trainer init, RL prompts, sampling), with one checkpoint and
 one evaluation set held fixed; not the choice of either.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
-# Student-t 0.975 quantiles for 1..30 degrees of freedom (standard tables); beyond, 2.0 (t is 2.04 at 31 and 1.98
-# at 120 degrees of freedom: a little wide rather than narrow).
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+def _betacf(a: float, b: float, x: float) -> float:
+    """The continued fraction of the regularized incomplete beta function (modified Lentz)."""
+    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 400):
+        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """I_x(a, b), the regularized incomplete beta function, for 0 <= x <= 1."""
+    if x <= 0.0 or x >= 1.0:
+        return 0.0 if x <= 0.0 else 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: int) -> float:
+    """P(T <= t) for Student's t with `df` degrees of freedom."""
+    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t >= 0 else tail
 
 
 def t975(df: int) -> float:
-    if not (isinstance(df, int) and df >= 1):
+    """The exact 0.975 quantile of Student's t with `df` degrees of freedom, for any df: a table with a constant
+    past its end gives intervals a little too narrow or too wide there."""
+    if not (isinstance(df, int) and not isinstance(df, bool) and df >= 1):
         raise ValueError(f"df={df!r} is invalid: expected an integer >= 1")
-    return _T975[df - 1] if df <= len(_T975) else 2.0
+    return _t975(df)
+
+
+@functools.lru_cache(maxsize=256)
+def _t975(df: int) -> float:
+    """Bisection on the CDF to 1e-12."""
+    lo, hi = 0.0, 20.0
+    while t_cdf(hi, df) < 0.975:
+        hi *= 2.0
+    while hi - lo > 1e-12:
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if t_cdf(mid, df) < 0.975 else (lo, mid)
+    return (lo + hi) / 2.0
 
 
 def mean_ci95(values: Sequence[float]) -> tuple[float, list[float] | None]:

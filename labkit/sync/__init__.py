@@ -7,29 +7,18 @@ Both run the same `Syncer` (plan -> buckets -> transport -> verify) and, with cf
 
 from __future__ import annotations
 
-from labkit.config import check
-from labkit.engine.contract import Contract, ffn_padding
 from labkit.sync.config import SyncConfig
-from labkit.sync.plan import plan_group
-
-# Private metrics key: the engine's checksums read by verification, handed to the atomic guard (its "after")
-# so the whole model is not hashed twice per sync; `sync()`/`stream()` drop it before returning.
-ENGINE_CHECKSUMS = "_engine_checksums"
+from labkit.sync.producer import LocalProducer, Producer
+from labkit.sync.spec import checked_expected, engine_spec
 
 # Importing labkit.sync (its configs, the CLI's startup) loads no torch: the syncer and the guard, which cross
-# torch, are imported where a sync runs.
+# torch, are imported where a sync runs. No submodule imports this package back (tests/unit/test_layers.py):
+# what they share lives in submodules (spec, producer, verify.ENGINE_CHECKSUMS).
 
 __all__ = ["SyncConfig", "sync", "stream", "engine_spec"]
 
 
-def engine_spec(model_dir: str, dtype: str = "auto", ffn_pad: int = 1) -> dict:
-    """What the engine's model expects (labkit.engine.contract.Contract, as a plain dict): {"tensors": {HF name:
-    (shape, dtype)}, "dtype": its serving dtype, "ffn_pad": the multiple its FFN widths are padded to}. A sync
-    adds "checksum", the hash its weight checker runs (EngineHandle.checksum_algo; absent: labkit's default)."""
-    return (Contract.find(model_dir, dtype) or Contract.from_model_dir(model_dir, dtype)).spec(ffn_pad)
-
-
-def sync(trainer, engine, cfg: SyncConfig | None = None, weight_version: str | None = None,
+def sync(trainer: Producer, engine, cfg: SyncConfig | None = None, weight_version: str | None = None,
          exclude: tuple[str, ...] = ()) -> dict:
     """Push the trainer's current weights into the engine in one weight-update session; returns metrics.
 
@@ -41,12 +30,13 @@ def sync(trainer, engine, cfg: SyncConfig | None = None, weight_version: str | N
     """
     from labkit.sync.atomic import guard_for
     from labkit.sync.session import Syncer
+    from labkit.sync.verify import ENGINE_CHECKSUMS
 
     cfg = cfg or SyncConfig()
-    expected = _checked_expected(engine, exclude)
+    expected = checked_expected(engine, exclude)
     if cfg.atomic:
         return guard_for(engine).sync(trainer, cfg, expected, weight_version, tuple(exclude))
-    m = trainer.sync(Syncer(), engine.portable(), cfg, expected, weight_version, exclude=tuple(exclude))
+    m = trainer.export_to(Syncer(), engine.portable(), cfg, expected, weight_version, exclude=tuple(exclude))
     m.pop(ENGINE_CHECKSUMS, None)
     return m
 
@@ -74,51 +64,18 @@ def stream(named_tensors, engine, cfg: SyncConfig | None = None, weight_version:
     """
     from labkit.sync.atomic import guard_for
     from labkit.sync.session import Syncer
+    from labkit.sync.verify import ENGINE_CHECKSUMS
 
     cfg = cfg or SyncConfig()
     if cfg.delta:
         raise ValueError(f"stream(): SyncConfig.delta={cfg.delta} needs a copy of the engine's weights kept between "
                          "calls, and stream() keeps none (each call plans afresh); use delta=0 here, or "
                          "labkit.sync.sync() from a trainer, which keeps it")
-    expected = _checked_expected(engine, exclude)
-    producer = _Local(named_tensors)
+    expected = checked_expected(engine, exclude)
+    producer = LocalProducer(named_tensors)
     if cfg.atomic:
         return guard_for(engine).sync(producer, cfg, expected, weight_version, tuple(exclude))
-    m = producer.sync(Syncer(), engine.portable(call_timeout_s=cfg.timeout_s), cfg, expected, weight_version,
+    m = producer.export_to(Syncer(), engine.portable(call_timeout_s=cfg.timeout_s), cfg, expected, weight_version,
                       exclude=tuple(exclude))
     m.pop(ENGINE_CHECKSUMS, None)
     return m
-
-
-class _Local:
-    """A producer (see labkit.sync.atomic) over (name, tensor) pairs already in this process."""
-
-    def __init__(self, named_tensors):
-        self.named_tensors = named_tensors
-
-    def sync(self, consumer, engine, cfg, engine_spec: dict | None = None, weight_version: str | None = None,
-             exclude: tuple[str, ...] = (), deadline_s: float | None = None) -> dict:
-        named = list(self.named_tensors)
-        first: dict[str, int] = {}
-        for i, (name, _) in enumerate(named):
-            first.setdefault(plan_group(name), i)
-        named.sort(key=lambda p: first[plan_group(p[0])])  # stable: a group lands where its first member was
-        try:
-            return consumer.run(iter(named), engine, cfg, engine_spec, weight_version, exclude=tuple(exclude))
-        finally:
-            # The driver keeps no consumer between calls: free its (possibly shared-memory) buffers now.
-            consumer.close()
-
-
-def _checked_expected(engine, exclude) -> dict:
-    """What the engine expects (engine_spec), after refusing an `exclude` that is not a tuple of substrings or that
-    names everything."""
-    # A bare string would exclude by its characters; "" matches every name.
-    check(isinstance(exclude, (tuple, list)) and all(isinstance(x, str) and x for x in exclude), "exclude",
-          exclude, "a tuple of non-empty name substrings")
-    expected = engine_spec(engine.cfg.model_dir, engine.cfg.dtype, ffn_padding(engine.device, engine.tp_size))
-    expected["checksum"] = engine.checksum_algo()  # the engine checker's hash: the trainer hashes the same way
-    if exclude and all(any(x in n for x in exclude) for n in expected["tensors"]):
-        raise ValueError(f"empty sync refused: exclude={tuple(exclude)!r} names all {len(expected['tensors'])} tensors "
-                         "of the engine's model; nothing would be sent or verified")
-    return expected

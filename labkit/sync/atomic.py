@@ -24,9 +24,9 @@ Why this design (SGLang 0.5.23; the same on CPU and GPU):
   too, the engine stays paused and SyncFailed says so: it never serves weights labkit cannot name.
 
 Who does what: the sync layer owns the guard (one per engine handle, in this module's table, closed when the
-handle shuts down through its `on_shutdown` hook). The tensors come from a *producer*, any object with
-`sync(consumer, engine, cfg, spec, version, exclude=..., deadline_s=...)` that hands its (name, tensor) pairs to
-`consumer.run`: the `Trainer` (its ranks' export; it fences itself on the deadline) or a local iterator
+handle shuts down through its `on_shutdown` hook). The tensors come from a *producer* (labkit.sync.producer: the
+contract), whose `export_to(consumer, ...)` hands its (name, tensor) pairs to the consumer this guard passes, the
+`Syncer`: the `Trainer` (its ranks' export; it fences itself on the deadline) or a local iterator
 (`labkit.sync.stream`). The guard never reaches into a producer's processes.
 """
 
@@ -38,9 +38,11 @@ from dataclasses import replace
 
 from labkit.engine import checksum as ck
 from labkit.engine.errors import EngineError, EngineUnreachable
-from labkit.sync import ENGINE_CHECKSUMS, lastgood
+from labkit.sync import lastgood
 from labkit.sync import verify as vf
+from labkit.sync.producer import Producer
 from labkit.sync.session import Syncer
+from labkit.sync.verify import ENGINE_CHECKSUMS
 from labkit.trainer.group import TrainerDied, TrainerTimeout, error_line as _cause
 
 __all__ = ["Guard", "SyncFailed", "TrainerDied", "TrainerTimeout", "guard_for"]
@@ -99,12 +101,13 @@ class Guard:
             del _GUARDS[engine]
 
     # --- the protocol --------------------------------------------------------------------------------------
-    def sync(self, producer, cfg, spec: dict, weight_version: str | None = None, exclude: tuple = ()) -> dict:
+    def sync(self, producer: Producer, cfg, spec: dict, weight_version: str | None = None,
+             exclude: tuple = ()) -> dict:
         """Land `producer`'s tensors completely (verified, tagged `weight_version`) or restore the last good ones.
 
-        `producer`: the `Trainer`, or any object with `sync(consumer, engine, cfg, spec, version, exclude=,
-        deadline_s=)` that feeds its (name, tensor) pairs to `consumer.run` (`labkit.sync.stream` passes a local
-        one). Raises SyncFailed (with `.restored` and `.metrics`) when the sync did not land.
+        `producer`: the `Trainer`, or any `labkit.sync.producer.Producer` (its `export_to` feeds its (name, tensor)
+        pairs to the consumer; `labkit.sync.stream` passes a local one). Raises SyncFailed (with `.restored` and
+        `.metrics`) when the sync did not land.
         """
         t0 = time.perf_counter()
         engine, dtype = self.engine, spec.get("dtype", "float32")
@@ -123,8 +126,9 @@ class Guard:
         t_guard = time.perf_counter() - t0
         try:
             engine.pause_generation(cfg.pause_mode)
-            m = producer.sync(Syncer(), engine.portable(call_timeout_s=cfg.timeout_s), replace(cfg, stage_dir=staging),
-                              spec, version, exclude=tuple(exclude), deadline_s=cfg.deadline_s)
+            m = producer.export_to(Syncer(), engine.portable(call_timeout_s=cfg.timeout_s),
+                                   replace(cfg, stage_dir=staging), spec, version, exclude=tuple(exclude),
+                                   deadline_s=cfg.deadline_s)
             if m.get("sync/verified") is False:
                 raise EngineError(f"verification failed: {len(m['verify/mismatched'])} tensors differ "
                                   f"(e.g. {m['verify/mismatched'][:3]}), {len(m['verify/missing'])} missing")

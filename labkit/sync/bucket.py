@@ -76,14 +76,11 @@ def pack(bucket: Bucket, tensors: dict[str, torch.Tensor], out: torch.Tensor) ->
     """Copy `bucket`'s tensors (cast to the planned dtype) into `out[:bucket.nbytes]` and return that view.
 
     Each run of same-dtype tensors is one `torch.cat(..., out=)` into a typed view of the buffer (the cast rides
-    along): a per-tensor loop cost ~4 us more per tensor on the 2-core box, ~16 ms of an MoE sync's 4,179 tensors
-    (a microbenchmark of 450 tensors of 73 KB: 4.7 ms per bucket against 3.0 ms; not stored). A run the typed
-    view cannot take (a byte offset not a multiple of its element size, a source on another device) is copied
-    tensor by tensor, as before. A run that casts (fp32 master weights into a bf16 engine's layout) is one
-    `torch._foreach_copy_` into views instead: torch.cat's casting path cost 11.2 us per tensor on an H200 against
-    3.3 us (14,563 tensors of 36 KB; 7.3 against 1.7 us for 910) and 95 against 70 ms for 64 tensors of 16 MB on
-    the 2-core box (scratch microbenchmarks of the two calls, not stored; `labkit bench codec` times this pack);
-    without a cast the two are even."""
+    along): one call per run instead of one per tensor, which an MoE bucket of hundreds of expert tensors feels.
+    A run the typed view cannot take (a byte offset not a multiple of its element size, a source on another
+    device) is copied tensor by tensor. A run that casts (fp32 master weights into a bf16 engine's layout) is one
+    `torch._foreach_copy_` into views instead: torch.cat's casting path is slower per tensor than a multi-tensor
+    copy (`labkit bench codec` times this pack); without a cast the two are even."""
     if out.dtype != torch.uint8 or out.numel() < bucket.nbytes:
         raise ValueError(f"buffer of {out.numel()} {out.dtype} cannot hold bucket {bucket.index} "
                          f"({bucket.nbytes} bytes)")
@@ -134,9 +131,8 @@ def host_threads(device: str, threads: int | None = None, cross_node: bool = Fal
     """While a CPU sync streams, torch's intra-op threads in this process: every core but one, which is the
     engine's. The engine applies bucket i (on one thread: SGLang's CPU scheduler runs torch with one) while
     this process gathers and packs bucket i + 1; a trainer with as many threads as cores oversubscribed the box,
-    and each parallel copy waited on its thread that the engine had displaced. On the 2-core box, 40 repeated
-    transport-only syncs (scratch, not stored), median total: colocated 0.117 s with 2 threads against 0.098 s
-    with 1, `direct` 0.102 against 0.078; the MoE preset even (0.162 against 0.153 s). On a GPU the copies run
+    and each parallel copy waited on its thread that the engine had displaced (`scripts/host_threads_ab.py`
+    interleaves the two rules, stored in data/host_threads_ab_cpu.json). On a GPU the copies run
     on the device, and an engine on another node (`cross_node`) has cores of its own: nothing changes there.
     `threads` (SyncConfig.host_threads) overrides the rule on CPU."""
     before = torch.get_num_threads()

@@ -10,11 +10,11 @@ from labkit.config import check, check_choice
 from labkit.engine.config import PauseMode
 
 MB = 1 << 20
-Transport = Literal["per-tensor", "colocated", "distributed", "direct"]
+TransportName = Literal["per-tensor", "colocated", "distributed", "direct"]  # SyncConfig.transport values
 Verify = Literal["checksum", "full", "none"]
 Selector = Literal["all", "target", "draft"]  # SGLang's weight selector
 GpuApply = Literal["sglang", "labkit"]
-TRANSPORTS = get_args(Transport)
+TRANSPORTS = get_args(TransportName)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -22,7 +22,7 @@ class SyncConfig:
     """One trainer -> engine weight sync. `stage_dir` is internal plumbing (labkit.sync.atomic sets it on its
     own copy of the config); leave it None."""
 
-    transport: Transport = "colocated"
+    transport: TransportName = "colocated"
     """How weights travel: per-tensor (one call per tensor, the baseline), colocated (flattened buckets through
     shared memory), distributed (flattened buckets broadcast over a torch.distributed group), direct (the trainer
     writes into the engine's shared parameters: one copy; CPU engines at TP=1 with labkit's models)."""

@@ -25,9 +25,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from labkit.engine.errors import EngineError
-from labkit.sync import ENGINE_CHECKSUMS, _checked_expected, lastgood
+from labkit.sync import lastgood
 from labkit.sync.atomic import Guard, SyncFailed
+from labkit.sync.producer import Producer
 from labkit.sync.session import Syncer
+from labkit.sync.spec import checked_expected
+from labkit.sync.verify import ENGINE_CHECKSUMS
 from labkit.trainer.group import error_line
 
 
@@ -121,7 +124,7 @@ class Replicas:
     def live(self) -> list[int]:
         return [i for i in range(len(self.engines)) if i not in self.fenced]
 
-    def sync(self, producer, cfg, weight_version: str | None = None) -> dict:
+    def sync(self, producer: Producer, cfg, weight_version: str | None = None) -> dict:
         """One weight version into every live engine (see the module's flow). Raises SyncFailed when no engine
         took it; else the metrics say which did (`sync/engines_synced`) and which are fenced."""
         if cfg.delta:
@@ -130,7 +133,7 @@ class Replicas:
             raise ValueError(f"transport='direct' writes into one engine's own parameters, not {len(self.engines)} "
                              "engines: sync replicas with 'colocated' or 'distributed'")
         t0, version = time.perf_counter(), weight_version or f"v{self.synced + 1}"
-        spec = _checked_expected(self.engines[0], ())
+        spec = checked_expected(self.engines[0], ())
         attempts, errors = 0, []
         while self.live and attempts < 2:
             attempts += 1
@@ -149,7 +152,7 @@ class Replicas:
                   "timing/sync/total_replicas": round(time.perf_counter() - t0, 6)})
         return m
 
-    def _once(self, producer, cfg, spec: dict, version: str) -> dict:
+    def _once(self, producer: Producer, cfg, spec: dict, version: str) -> dict:
         dtype = spec.get("dtype", "float32")
         before, v_before = self._prepare(spec, dtype, cfg)
         live, staging = self.live, self.store.staging(cfg.stage_spare)
@@ -157,8 +160,8 @@ class Replicas:
             self.engines[i].pause_generation(cfg.pause_mode)
         group = EngineGroup([self.engines[i].portable(call_timeout_s=cfg.timeout_s) for i in live], ids=live)
         try:
-            m = producer.sync(Syncer(), group, replace(cfg, stage_dir=staging), spec, version,
-                              deadline_s=cfg.deadline_s)
+            m = producer.export_to(Syncer(), group, replace(cfg, stage_dir=staging), spec, version,
+                                   deadline_s=cfg.deadline_s)
             if m.get("sync/verified") is False:
                 raise EngineError(f"verification failed on engine {live[0]}: {m['verify/mismatched'][:3]}")
         except BaseException as e:
@@ -236,7 +239,7 @@ class Replicas:
         good = self.store.good
         if good is None:
             raise EngineError("no last good weights yet: sync the replicas first")
-        dtype = _checked_expected(self.engines[0], ())["dtype"]
+        dtype = checked_expected(self.engines[0], ())["dtype"]
         self.guards[i].restore(good["checksums"], good["version"], dtype, timeout_s)
         self.fenced.discard(i)
 

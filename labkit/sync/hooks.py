@@ -15,7 +15,7 @@ import torch
 
 from labkit.engine import checksum as ck
 from labkit.engine.contract import part_counts
-from labkit.sync import ENGINE_CHECKSUMS
+from labkit.sync.verify import ENGINE_CHECKSUMS
 from labkit.sync import bucket as bk
 from labkit.sync import lastgood
 from labkit.sync import verify as vf

@@ -37,10 +37,10 @@ class Writer:
 
     With `maps` (a `Slots` of the writing process) the bytes are copied into a kept MAP_SHARED mapping of
     `data.bin`: a directory the store recycles (`Store.staging`) is then written at memory speed. A `write()`
-    into tmpfs copies through the kernel at ~3.8 GB/s even into pages that exist, and a fresh file or a fresh
-    mapping page-faults every page in first (~3.2 GB/s; a profile on the bench box, not stored), against ~12 GB/s
-    for a copy into a mapping already faulted in. Nothing ever shrinks `data.bin` (a file shrunk under a mapping
-    kills its writer with SIGBUS): bytes past `nbytes` are stale and never read."""
+    into tmpfs copies through the kernel even into pages that exist, and a fresh file or a fresh mapping
+    page-faults every page in first, both well below a copy into a mapping already faulted in. Nothing ever shrinks
+    `data.bin` (a file shrunk under a mapping kills its writer with SIGBUS): bytes past `nbytes` are stale and never
+    read."""
 
     def __init__(self, path: str | os.PathLike, maps: Slots | None = None, capacity: int = 0):
         self.path = Path(path)

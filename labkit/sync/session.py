@@ -33,7 +33,7 @@ from labkit.sync.slots import Slots
 from labkit.sync.transport import Mappings, make, where
 
 
-def _sync_device() -> None:
+def _wait_for_device() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
 
@@ -204,7 +204,7 @@ class Syncer:
     def _pack(self, s: inflight.State, b: Bucket, tensors: dict) -> torch.Tensor:
         out = s.stage.region(b.nbytes) if s.stage is not None else self._buffer(b, s.cfg, s.device)
         flat = bk.pack(b, tensors, out)
-        _sync_device()
+        _wait_for_device()
         return flat
 
     def _buffer(self, b, cfg: SyncConfig, device: str) -> torch.Tensor:

@@ -15,6 +15,10 @@ import torch
 from labkit.engine import checksum as ck
 from labkit.engine.contract import engine_shape, fused_part
 
+# Private metrics key: the engine's checksums read by verification, handed to the atomic guard (its "after")
+# so the whole model is not hashed twice per sync; `sync()`/`stream()` drop it before returning.
+ENGINE_CHECKSUMS = "_engine_checksums"
+
 
 def tensor_checksum(t: torch.Tensor, algo: str = ck.DEFAULT) -> str:
     """One tensor's checksum as the engine's weight checker prints it (`algo`: the one the engine runs,

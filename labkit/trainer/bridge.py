@@ -108,8 +108,8 @@ def patch_bridge(bridge):
 
 def _keep_name_mapping(bridge) -> None:
     """mbridge maps every Megatron name to its HF names with string work on each call, for every tensor of every
-    sync: 5 % of the trainer's time in a sync of the 4,179-tensor MoE preset (py-spy, not stored). The mapping
-    is a function of the name once the bridge is patched, so each answer is kept (a copy handed out)."""
+    sync, thousands per sync of an MoE model. The mapping is a function of the name once the bridge is patched,
+    so each answer is kept (a copy handed out)."""
     names_of, kept = bridge._weight_name_mapping_mcore_to_hf, {}
 
     def mapping(name: str) -> list[str]:
@@ -125,12 +125,10 @@ def _export_no_pp(bridge, models):
     """mbridge's export_weights minus its pipeline collectives, for PP=1 and EP=1 models.
 
     mbridge exchanges every tensor's name and spec over the PP group (all_gather_object + broadcast) even
-    when that group has one rank: ~1 ms per tensor, which was most of a CPU sync's gather phase (and an MoE
-    model has thousands). Megatron keeps a router's `expert_bias` (DeepSeek-V3's e_score_correction_bias) out
-    of named_parameters, as a persistent buffer; it is exported from the buffers, as mbridge does from the
-    state dict. Neither walks `state_dict()` per sync: in a py-spy of guarded syncs of the 4,179-tensor MoE
-    preset (not stored), the two `state_dict()` calls (this one and the one inside mbridge's name map) took 76
-    of the 675 samples of the trainer's sync thread; the name map is now kept per model (`_exported`).
+    when that group has one rank: collectives per tensor, and an MoE model has thousands. Megatron keeps a router's
+    `expert_bias` (DeepSeek-V3's e_score_correction_bias) out of named_parameters, as a persistent buffer; it is
+    exported from the buffers, as mbridge does from the state dict. Neither walks `state_dict()` per sync (it builds a
+    dict of every tensor each time): the walk is kept per model (`_exported`).
     """
     from mbridge.core.util import unwrap_model
 
@@ -151,10 +149,10 @@ _WALK: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def _exported(bridge, model) -> list[tuple[str, torch.Tensor]]:
     """(mbridge's global name, tensor) of each parameter of `model` and each router `expert_bias` buffer, in
-    `named_parameters` order. Walking the module tree (`named_parameters`, `named_buffers`) on every sync was 6 %
-    of the trainer's time in a sync of the 4,179-tensor MoE preset (py-spy, not stored): the walk is kept per
-    model, and each tensor is read from its owner again on every sync, so a parameter replaced in place
-    (`module.weight = ...`) is the one exported; one that is gone makes the walk start over."""
+    `named_parameters` order. Walking the module tree (`named_parameters`, `named_buffers`) on every sync would
+    be paid per tensor of an MoE model's thousands: the walk is kept per model, and each tensor is read from its owner
+    again on every sync, so a parameter replaced in place (`module.weight = ...`) is the one exported; one that is gone
+    makes the walk start over."""
     walk = _WALK.get(model)
     if walk is not None:
         got = [(name, _owned(owner(), attr, buf)) for name, owner, attr, buf in walk]

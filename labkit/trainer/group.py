@@ -70,11 +70,13 @@ class Trainer:
     def forward(self, tokens) -> dict:
         return self._one("forward", tokens)
 
-    def sync(self, consumer, engine, cfg, engine_spec: dict | None = None, weight_version: str | None = None,
-             exclude: tuple[str, ...] = (), deadline_s: float | None = None) -> dict:
-        """Run `consumer` (the sync layer's `Syncer`, or any picklable object with the same `run`) on the
-        trainer's export: `consumer.run(named_iter, engine, cfg, engine_spec, weight_version, exclude)` on rank 0
-        while every rank drives the collective export (`TrainerRank.sync`). Returns rank 0's metrics.
+    def export_to(self, consumer, engine, cfg, engine_spec: dict | None = None, weight_version: str | None = None,
+                  exclude: tuple[str, ...] = (), deadline_s: float | None = None) -> dict:
+        """Feed the trainer's export to `consumer` (the sync layer's `Syncer`, or any picklable object with the
+        same `run`): `consumer.run(named_iter, engine, cfg, engine_spec, weight_version, exclude)` on rank 0
+        while every rank drives the collective export (`TrainerRank.export_to`). Returns rank 0's metrics.
+        The trainer is a producer (labkit.sync.producer.Producer, implemented here without importing it); the
+        consumer moves the weights into the engine.
 
         `deadline_s`: the whole call. A trainer still busy then, or interrupted (Ctrl-C) while it runs, is
         killed (`fence`) and TrainerTimeout raised: a late bucket from it could otherwise land inside the
@@ -85,7 +87,7 @@ class Trainer:
         import ray
 
         kw = {"exclude": tuple(exclude)} if exclude else {}
-        refs = [a.sync.remote(consumer, engine, cfg, engine_spec, weight_version, **kw) for a in self.actors]
+        refs = [a.export_to.remote(consumer, engine, cfg, engine_spec, weight_version, **kw) for a in self.actors]
         try:
             _, pending = ray.wait(refs, num_returns=len(refs), timeout=deadline_s)
         except BaseException:  # Ctrl-C in a notebook: the trainer would go on pushing buckets into the restore

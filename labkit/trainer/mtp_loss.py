@@ -22,7 +22,7 @@ GPTModel that `TrainerRank` builds and steps (its MTP block, output layer, share
 trainer's own `TrainConfig` fields (mtp_loss_scale, mtp_detach, mtp_target); Megatron's MTP cross-entropy is
 already computed inside that forward. An injected loss object would make the trainer's configs silently do
 nothing without it, and it would still have to reach into the same Megatron modules. So the MTP loss is the
-trainer's model-forward concern; `labkit.mtp.loss` re-exports it for the MTP layer (imports point down).
+trainer's model-forward concern, imported from here (labkit.mtp cites it; imports point down).
 """
 
 from __future__ import annotations

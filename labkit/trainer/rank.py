@@ -189,8 +189,8 @@ class TrainerRank:
         return out if self.rank == 0 else None
 
     @torch.no_grad()  # the export's views (mbridge's q/k/v and gate/up splits) need no autograd graph
-    def sync(self, consumer, engine, cfg, engine_spec: dict | None = None, weight_version: str | None = None,
-             exclude: tuple[str, ...] = ()) -> dict | None:
+    def export_to(self, consumer, engine, cfg, engine_spec: dict | None = None, weight_version: str | None = None,
+                  exclude: tuple[str, ...] = ()) -> dict | None:
         """Hand this rank's export to `consumer.run(named_iter, engine, cfg, engine_spec, weight_version, exclude)`
         (a consumer also has `close()`, called by `release`).
         Every rank must call it (the export is collective); rank 0 runs the consumer and returns its metrics.

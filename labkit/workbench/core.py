@@ -16,7 +16,6 @@ True
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -24,10 +23,12 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from labkit.cluster import runtime
-from labkit.cluster.placement import Placement, PlacementSpec, layout
+from labkit.cluster.placement import PlacementSpec
 from labkit.config import ParallelSpec, TrainConfig, check
-from labkit.engine import EngineConfig, EngineHandle
+from labkit.engine import EngineConfig
+from labkit.engine.startup import place, start_engines
 from labkit.models.families import model_dir_for
+from labkit.mtp.rollout import rollout as rollout_rows
 from labkit.sync import sync
 from labkit.sync.config import SyncConfig
 from labkit.tasks import ArithTask, Task, check_task
@@ -45,9 +46,9 @@ class Rollout:
 
 
 # Supervised steps from the shipped checkpoint, which is converged (its post-training ended at lr 5e-5). A fresh
-# Adam moves every weight by ~lr in its first steps whatever the gradient, so TrainConfig's lr=1e-3 made the
-# loss go up: on a fixed batch 0.137 -> 0.419 in 10 steps (0.894 with the MTP loss off: MTP was not the cause).
-# At lr=1e-4, with the draft's gradient kept off the trunk as in RL, it goes down: 0.137 -> 0.122.
+# Adam moves every weight by ~lr in its first steps whatever the gradient, so a large lr (TrainConfig's 1e-3)
+# raises the loss of a converged model; at 1e-4, with the draft's gradient kept off the trunk as in RL, it goes
+# down (`make demo` checks it on a fixed evaluation batch).
 FINETUNE = TrainConfig(lr=1e-4, mtp_detach=True)
 EVAL_SEED = 2_000_000_011  # training batches draw seed (1 + steps done) * 100_003 + step, far below this
 
@@ -83,7 +84,8 @@ def train(trainer, steps: int, batch_size: int = 16, seed: int = 0, progress: bo
 
 def rollout(engine, task: Task, n: int = 8, *, seed: int = 0, temperature: float = 1.0,
             max_new_tokens: int | None = None) -> Rollout:
-    """Sample one completion per task prompt from the engine, with its log-probs, scored by the task's reward.
+    """Sample one completion per task prompt from the engine, with its log-probs, scored by the task's reward
+    (labkit.mtp.rollout, where a rollout is written once).
 
     Samples: problem, prompt, completion, reward, weight_version, prompt_ids, tokens, logprobs.
     Metrics: rollout/n, rollout/reward_mean, rollout/weight_version, rollout/temperature.
@@ -91,13 +93,8 @@ def rollout(engine, task: Task, n: int = 8, *, seed: int = 0, temperature: float
     check(isinstance(n, int) and not isinstance(n, bool) and n >= 1, "n", n, "an integer >= 1")
     check(isinstance(temperature, (int, float)) and temperature >= 0, "temperature", temperature,
           ">= 0 (0 is greedy)")
-    problems = task.problems(n, seed=seed)
-    ids = [task.tokenizer.encode(p.prompt) for p in problems]
-    outs = engine.generate(input_ids=ids, return_logprob=True, sampling={
+    samples = rollout_rows(engine, task, task.problems(n, seed=seed), {
         "temperature": temperature, "max_new_tokens": max_new_tokens or task.max_new_tokens})
-    samples = [{"problem": p, "prompt": p.prompt, "completion": o["text"], "reward": float(task.reward(p, o["text"])),
-                "weight_version": o["meta_info"].get("weight_version"), "prompt_ids": i, "tokens": o["tokens"],
-                "logprobs": o["logprobs"]} for p, i, o in zip(problems, ids, outs)]
     return Rollout(samples, {"rollout/n": len(samples),
                              "rollout/reward_mean": sum(s["reward"] for s in samples) / len(samples),
                              "rollout/weight_version": samples[0]["weight_version"],
@@ -142,9 +139,7 @@ class Workbench:
         runtime.init()
         bar.update()
         bar.set_postfix_str("trainer")
-        # Colocated: a trainer rank and the engine share a bundle (2 logical CPUs: one actor each).
-        cpus = 2.0 if spec.mode == "colocated" else 1.0
-        self.placement = Placement(layout(spec, self.parallel.world_size, spec.engines, cpus_per_bundle=cpus))
+        self.placement = place(spec, self.parallel.world_size)
         self.trainer = Trainer(self.model_dir, self.parallel, train_cfg, placement=self.placement)
         bar.update()
         bar.set_postfix_str("engine")
@@ -152,16 +147,9 @@ class Workbench:
                                          mem_fraction_static=0.05)
         if engine_url:
             cfg = replace(cfg, url=engine_url)
-        # Several engines start side by side (a model load each); every one that started is kept, so that close()
-        # stops it even when another one failed.
-        with ThreadPoolExecutor(spec.engines, thread_name_prefix="labkit-start") as pool:
-            starts = [pool.submit(EngineHandle.start, cfg, None if engine_url else self.placement.strategy(
-                f"engine:{i}")) for i in range(spec.engines)]
-        self.engines = [f.result() for f in starts if f.exception() is None]
-        self.engine = self.engines[0] if len(self.engines) == spec.engines else None
-        for f in starts:
-            if f.exception() is not None:
-                raise f.exception()
+        # Every engine that started is kept, so that close() stops it even when another one failed.
+        start_engines(cfg, self.placement, spec.engines, started=self.engines)
+        self.engine = self.engines[0]
         if spec.engines > 1:  # synced together: one broadcast, each verified, a failed one fenced
             from labkit.sync.fanout import Replicas  # crosses torch (the guard's host copy)
 

@@ -70,10 +70,11 @@ def test_seed_keys_are_present_and_one_seed_claims_no_interval(quick):
 
 
 @pytest.mark.parametrize("args,match", [
-    (["--k", "0"], "k=0"), (["--temperature", "-0.5"], "spec_temperature=-0.5"),
-    (["--arms", "trained,bogus"], "arms="), (["--group", "1"], "group=1"), (["--steps", "0"], "steps=0"),
-    (["--seeds", "0,x"], "--seeds='0,x'"), (["--seeds", "1,1"], "seeds=(1, 1)"), (["--eval-prompts", "300"], "n=300"),
-    (["--pre-rl-steps", "-1"], "pre_rl_steps=-1"),
+    (["--k", "0"], "k='0' is invalid"), (["--temperature", "-0.5"], "spec_temperature='-0.5' is invalid"),
+    (["--arms", "trained,bogus"], "arms='trained,bogus'"), (["--group", "1"], "group='1' is invalid"),
+    (["--steps", "0"], "steps='0' is invalid"), (["--seeds", "0,x"], "seeds='0,x' is invalid"),
+    (["--seeds", "1,1"], "seeds='1,1' is invalid"), (["--eval-prompts", "300"], "n=300"),
+    (["--pre-rl-steps", "-1"], "pre_rl_steps='-1' is invalid"),
 ])
 def test_bad_flags_fail_before_anything_starts(args, match):
     rc, out, err = _labkit("mtp-experiment", "--quick", *args, timeout=60)

@@ -126,7 +126,7 @@ def test_plan_that_does_not_match_the_engine_fails_before_anything_moves(trainer
     _train(trainer, steps=1, seed=900)
     bad = r"does not match the engine's model.*'model.layers.1.mlp.up_proj.weight': shape"
     with pytest.raises(Exception, match=bad):
-        trainer.sync(Syncer(), engine.portable(), SyncConfig(transport="colocated", progress=False), spec, None)
+        trainer.export_to(Syncer(), engine.portable(), SyncConfig(transport="colocated", progress=False), spec, None)
     assert engine.weight_version == version and engine.checksums() == sums
 
 

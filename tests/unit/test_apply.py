@@ -221,3 +221,34 @@ def test_the_engine_maps_no_file_but_a_labkit_staging_copy(tmp_path):
     (d / "data.bin").write_bytes(b"\0" * 8)
     with pytest.raises(ValueError, match="outside the staging file"):
         apply.load_flat(Model(), [(stagefile.key(str(d / "data.bin"), 0, key), torch.zeros(1))])
+
+
+def test_a_faulted_apply_runs_the_plans_own_copies_and_stops_between_two(monkeypatch):
+    """`labkit faults`' engine.apply point: the same merged copies as a normal sync, the fault between two."""
+    from labkit import failpoints as fp
+
+    m = Model()
+    named = {"q": torch.randn(4, 3), "norm": torch.randn(3), "k": torch.randn(2, 3)}  # three runs, not one merged
+    key, flat = _bucket(named)
+    seen = []
+    real = copyplan.run_sources
+    monkeypatch.setattr(copyplan, "run_sources", lambda plan, srcs: seen.append(plan) or real(plan, srcs))
+    monkeypatch.setattr(fp, "engine_armed", lambda point: True)
+    monkeypatch.setitem(fp._ARMED, "engine.apply", fp.Armed("engine.apply", "raise", 1, match="k"))
+    with pytest.raises(fp.FaultInjected):
+        apply.load_flat(m, [(key, flat)])
+    assert seen and seen[0] is copyplan.plan_for(m, key)  # the compiled plan's runs, as a normal sync copies
+    assert torch.equal(m.qkv[:4], named["q"]) and torch.equal(m.norm, named["norm"])  # the runs before k landed
+    assert not m.qkv[4:].any()  # k did not: a half-written group
+
+
+def test_a_delta_payload_can_be_faulted(monkeypatch):
+    from labkit import failpoints as fp
+
+    m = Model()
+    key, _ = _bucket({"q": torch.randn(4, 3), "k": torch.randn(2, 3)})
+    monkeypatch.setattr(fp, "engine_armed", lambda point: True)
+    monkeypatch.setitem(fp._ARMED, "engine.apply", fp.Armed("engine.apply", "raise", 1, match="k"))
+    with pytest.raises(fp.FaultInjected):
+        apply._apply_delta(m, f"{apply.DELTA_PREFIX}4:6:index:{key}", torch.zeros(0, dtype=torch.uint8))
+    assert not m.qkv.any()  # the fault fired before the bucket's changed words were written

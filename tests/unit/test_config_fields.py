@@ -113,3 +113,98 @@ def test_config_modules_do_not_import_torch():
             "print(sorted(m for m in ('torch', 'ray', 'sglang', 'megatron', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def _subparsers(parser):
+    """(argv prefix, parser) for every subcommand, notebook's actions included."""
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for name, sp in a.choices.items():
+                yield [name], sp
+                for more, ssp in _subparsers(sp):
+                    yield [name, *more], ssp
+
+
+HAND_WRITTEN = {"-h", "-p"}  # help, and notebook's repeated `-p KEY VALUE` pairs (no field holds a pair list)
+
+
+def test_every_flag_is_a_config_field_with_its_docstring():
+    from labkit.cli import experiments, lab, main_job, notebooks, output
+    from labkit.cluster.placement import PlacementSpec
+    from labkit.config import ParallelSpec
+    from labkit.lab.roofline.bounds import Layout, Scenario
+
+    configs = (SyncConfig, EngineConfig, ParallelSpec, PlacementSpec, ServeBenchConfig, FaultsConfig, ExperimentConfig,
+               RLConfig, TrainConfig, Scenario, Layout, output.Output, output.ModelFlags, main_job.JobConfig,
+               lab.BenchConfig, lab.TuneConfig, lab.ReportConfig, lab.PretrainConfig, lab.RooflineConfig,
+               experiments.ExperimentFlags, experiments.FaultsFlags, notebooks.NotebookRunConfig)
+    docs = {d for cls in configs for d in field_docs(cls).values()}
+    seen = 0
+    for argv, sp in _subparsers(cli.build_parser()):
+        for a in sp._actions:
+            if not a.option_strings or HAND_WRITTEN & set(a.option_strings):
+                continue
+            seen += 1
+            assert any(a.help.replace("%%", "%").startswith(d) for d in docs), (argv, a.option_strings, a.help)
+    assert seen > 80
+
+
+@pytest.mark.parametrize("cmd, flag, default, shown", [
+    ("tune", "--lo-mb", 0.5, None), ("tune", "--memory-budget-mb", 512.0, None), ("tune", "--max-trials", 6, None),
+    ("faults", "--trials", None, "(default: 33)"), ("faults", "--seed", 0, None), ("pretrain", "--steps", 2400, None),
+    ("pretrain", "--noise", 0.25, None), ("pretrain", "--post-steps", 600, None), ("bench", "--deadline", 330.0, None),
+    ("bench", "--warm", 5, None), ("bench", "--reps", 3, None), ("bench", "--device", "auto", None),
+    ("mtp-experiment", "--steps", None, "(--quick: 2) (default: 60)"), ("mtp-experiment", "--temperature", None,
+                                                                        "(default: 1.0)"),
+    ("mtp-experiment", "--prompts", None, "(--quick: 4) (default: 64)"), ("demo", "--steps", 10, None),
+    ("sync", "--steps", 3, None), ("demo", "--workdir", "runs/demo", None), ("roofline", "--bucket-mb", 512, None),
+])
+def test_defaults_are_kept(cmd, flag, default, shown):
+    a = _flag(cli.build_parser(), cmd, flag)
+    assert a.default == default and (shown is None or shown in a.help), (a.default, a.help)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["tune", "--lo-mb", "0"], "lo_mb='0' is invalid: expected a positive number"),
+    (["tune", "--max-trials", "0"], "max_trials='0' is invalid: expected an integer >= 1"),
+    (["bench", "device", "--deadline", "0"], "deadline='0' is invalid: expected a positive number"),
+    (["bench", "device", "--size", "huge"], "size='huge' is invalid: expected one of auto, small, full"),
+    (["bench", "serve-sync", "--modes", "abort,nap"], "modes='abort,nap' is invalid: expected comma-separated pause"),
+    (["faults", "--trials", "0"], "trials='0' is invalid: expected an integer >= 1"),
+    (["pretrain", "--noise", "2"], "noise='2' is invalid: expected a probability in [0, 1]"),
+    (["mtp-experiment", "--arms", "trained,pigeon"], "arms='trained,pigeon' is invalid: expected a non-empty subset"),
+    (["mtp-experiment", "--seeds", "0,a"], "seeds='0,a' is invalid: expected comma-separated integers"),
+    (["mtp-experiment", "--seeds", "1,1"], "seeds='1,1' is invalid: expected a non-empty tuple of distinct"),
+    (["mtp-experiment", "--steps", "0"], "steps='0' is invalid: expected an integer >= 1"),
+    (["notebook", "run", "01", "--timeout", "0"], "timeout='0' is invalid: expected an integer >= 1"),
+])
+def test_bad_values_of_generated_flags_name_the_value(argv, needle, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.build_parser().parse_args(argv)
+    assert e.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_a_range_checked_across_two_flags_fails_before_anything_starts(capsys):
+    assert cli.main(["tune", "--lo-mb", "8", "--hi-mb", "4"]) == 2
+    assert "lo_mb..hi_mb=(8.0, 4.0) is invalid: expected lo_mb <= hi_mb" in capsys.readouterr().err
+    args = cli.build_parser().parse_args(["tune", "--lo-mb", "300", "--hi-mb", "512"])  # each alone is fine
+    assert (args.lo_mb, args.hi_mb) == (300.0, 512.0)
+
+
+def test_every_help_works_and_loads_no_heavy_stack():
+    """`labkit --help` and every subcommand's --help print, and none of them imports torch, Ray or SGLang."""
+    code = ("import contextlib, io, sys\n"
+            "from labkit.cli import main\n"
+            "subs = [[], ['doctor'], ['demo'], ['sync'], ['bench'], ['tune'], ['roofline'], ['report'], ['pretrain'],\n"
+            "        ['mtp-experiment'], ['faults'], ['notebook'], ['notebook', 'run'], ['notebook', 'sweep'],\n"
+            "        ['notebook', 'list'], ['notebook', 'check']]\n"
+            "for argv in subs:\n"
+            "    buf = io.StringIO()\n"
+            "    try:\n"
+            "        with contextlib.redirect_stdout(buf):\n"
+            "            main([*argv, '--help'])\n"
+            "    except SystemExit as e:\n"
+            "        assert e.code == 0 and buf.getvalue().startswith('usage: labkit'), (argv, e.code)\n"
+            "print(sorted(m for m in ('torch', 'ray', 'sglang', 'megatron', 'numpy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -47,7 +47,7 @@ def _bucket(m: Experts, names: list[str], seed: int = 0):
     return (*packed(named), named)
 
 
-def _apply(m: Experts, key: str, flat: torch.Tensor) -> copyplan.Plan:
+def _apply(m: Experts, key: str, flat: torch.Tensor) -> copyplan.CopyPlan:
     plan = copyplan.plan_for(m, key)
     srcs = [flat[a:b].view(getattr(torch, d)).view(s) for _, d, s, a, b in plan.entries]
     torch._foreach_copy_(plan.run_dsts, copyplan.run_sources(plan, srcs))

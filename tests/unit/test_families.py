@@ -14,8 +14,10 @@ from labkit.models.families import (
     make_family,
     tensor_shapes,
 )
+from labkit.config import ModelSpec
 from labkit.models.hf import checkpoint_tensors
-from labkit.models.tiny import BENCH_SPEC, DEFAULT_DIR
+from labkit.models.naming import hf_tensors
+from labkit.models.tiny import BENCH_SPEC, DEFAULT_DIR, make_tiny_mimo
 from labkit.models.tiny import tensor_shapes as tiny_shapes
 from labkit.tasks import ArithTask
 
@@ -92,6 +94,23 @@ def test_checkpoint_names_and_shapes_match_the_family(family_dirs, family):
         assert header["model.layers.1.mlp.gate.e_score_correction_bias"][0] == (8,)
         assert header["model.layers.1.mlp.shared_experts.gate_proj.weight"][0] == (32, 64)
         assert header["model.layers.1.mlp.experts.7.down_proj.weight"][0] == (64, 32)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_naming_of_the_saved_config_is_the_checkpoint(family_dirs, family):
+    """labkit.models.naming applied to config.json as transformers wrote it (qwen3_moe's num_experts saved as
+    num_local_experts) names every tensor of the checkpoint, with its shape."""
+    d = family_dirs[family]
+    named = hf_tensors(json.loads((d / "config.json").read_text()))
+    assert dict(named) == {n: s for n, (s, _) in checkpoint_tensors(d).items()} and len(named) == len(dict(named))
+
+
+@pytest.mark.parametrize("spec", [None, ModelSpec(hidden=32, layers=3, heads=4, kv_heads=1, ffn=40, mtp_layers=2)])
+def test_naming_of_a_mimo_config_is_the_checkpoint(tmp_path, spec):
+    """The shipped tiny MiMo (one MTP layer) and one written with two MTP layers and another GQA ratio."""
+    d = DEFAULT_DIR if spec is None else make_tiny_mimo(tmp_path / "mimo", spec)
+    named = hf_tensors(json.loads((d / "config.json").read_text()))
+    assert dict(named) == {n: s for n, (s, _) in checkpoint_tensors(d).items()} and len(named) == len(dict(named))
 
 
 def test_deepseek_config_has_what_sglang_needs(family_dirs):

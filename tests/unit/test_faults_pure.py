@@ -206,3 +206,38 @@ def test_a_partial_copy_is_completed_from_the_previous_good_one(tmp_path):
     assert version == "v2" and set(back) == set(full)
     assert torch.equal(back["draft.w"], full["draft.w"]) and torch.equal(back["a"], partial["a"])
     store.close()
+
+
+def test_delta_trials_are_drawn_for_flattened_transports_of_the_kinds_that_reach_a_payload():
+    from labkit.lab.faults.plan import DELTA_KINDS, FLATTENED
+
+    trials = plan_trials(66, seed=0)
+    delta = [t for t in trials if t.delta]
+    assert delta and {t.kind for t in delta} <= set(DELTA_KINDS) and {t.transport for t in delta} <= set(FLATTENED)
+    assert any(t.kind in ("apply_crash", "apply_hang") for t in delta)  # an engine fault on a delta payload
+
+
+def test_a_trial_counts_only_when_its_fault_fired_and_half_updated_has_one_meaning():
+    from labkit.lab.faults.plan import counted, half_updated, summarize
+
+    row = {"kind": "port_in_use", "transport": "distributed", "point": "transport.open", "fired": False,
+           "recovered": True, "state": "new", "serving": True, "version_ok": True, "restored": False,
+           "served_mid_sync": False, "next_sync_verified": True, "modified_then_restored": False,
+           "engine_restarted": False, "recover_s": 0.0}
+    assert not counted(row) and counted({**row, "fired": True})
+    assert half_updated({**row, "state": "neither", "serving": False})  # a dead engine holding a mix counts too
+    out = summarize([row, {**row, "fired": True}], FaultsConfig(trials=2), 1.0, {})
+    assert out["faults/trials"] == 2 and out["faults/fired"] == 1 and out["faults/recovered"] == 1
+    assert out["faults/per_kind"]["port_in_use"]["fired"] == 1
+
+
+def test_every_action_writes_its_marker_as_it_fires(tmp_path):
+    marker = tmp_path / "reached"
+    fp.arm("sync.bucket", "raise", nth=2, marker=str(marker))
+    try:
+        assert fp.hit("sync.bucket") is False and not marker.exists()  # the first hit is not the nth
+        with pytest.raises(fp.FaultInjected):
+            fp.hit("sync.bucket")
+        assert marker.read_text().startswith("sync.bucket ")
+    finally:
+        assert fp.disarm() == {"sync.bucket": True}

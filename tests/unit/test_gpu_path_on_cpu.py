@@ -35,7 +35,7 @@ def test_sources_point_at_the_buffer_on_its_own_device():
     the storage of a tensor on device cpu to a storage on different device"."""
     key = apply.layout_key([("a", "bfloat16", (2, 4), 0, 16), ("b", "float32", (3,), 16, 28)])
     flat = torch.empty(64, dtype=torch.uint8, device="meta")
-    views = apply._sources(flat, key, copyplan.Plan(json.loads(key[len(apply.PREFIX):])))
+    views = apply._sources(flat, key, copyplan.CopyPlan(json.loads(key[len(apply.PREFIX):])))
     assert [v.device.type for v in views] == ["meta", "meta"]
     assert [tuple(v.shape) for v in views] == [(2, 4), (3,)] and views[0].dtype == torch.bfloat16
 

@@ -1,32 +1,153 @@
-"""README tables are generated from data/ and kept current (a number in the README is one a stored run holds)."""
+"""The generated tables of README.md and docs/ come from data/ and are kept current (a number in a table is one a
+stored run holds): each is rebuilt in the page that holds its marker, and `--check` fails on a stale table or on a
+table whose data file is missing."""
 
 import json
 
 import pytest
 
 from labkit.lab.report import generate as report
+from labkit.lab.report.markdown import md_cell, md_head, md_row
+from labkit.lab.report.mtp import mtp_table
+
+FAULTS_RUN = {"command": "labkit faults --json", "faults/trials": 2, "faults/fired": 2, "faults/recovered": 2,
+              "faults/half_updated": 0,
+              "faults/modified_then_restored": 1, "faults/engine_restarts": 0, "faults/recover_s_max": 1.5,
+              "faults/served_mid_sync": 0, "faults/mid_sync_probes": 2, "faults/wall_s": 60.0,
+              "faults/per_kind": {"exception": {"trials": 2, "fired": 2, "recovered": 2, "half_updated": 0,
+                                                "modified_then_restored": 1, "engine_restarted": 0,
+                                                "recover_s_max": 1.5}}}
+FAULTS_ROW = "| exception | 2 | 2 | 2 | 0 | 1 | 0 | 1.5 |"
 
 
-def test_readme_tables_match_the_stored_runs():
+def test_the_tables_of_every_page_match_the_stored_runs():
+    """README.md and every docs/**/*.md page, each table in some page, each built from a stored run."""
+    assert report.update(check=True) == []
+    found = {p.relative_to(report.ROOT).as_posix(): [m.group(2) for m in report.MARKER.finditer(p.read_text())]
+             for p in report.pages()}
+    placed = [name for names in found.values() for name in names]
+    assert sorted(set(placed)) == sorted(report.TABLES)
+    assert "docs/faults.md" in found and "faults" in found["docs/faults.md"]  # the docs pages are read
+
+
+@pytest.fixture
+def house(tmp_path, monkeypatch):
+    """A repository of its own: README.md, docs/, data/ under tmp_path, and the module's ROOT and DATA on it, so
+    nothing here reads or writes the real pages or runs."""
+    (tmp_path / "docs" / "deep").mkdir(parents=True)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "README.md").write_text("# readme\nno tables here\n")
+    monkeypatch.setattr(report, "ROOT", tmp_path)
+    monkeypatch.setattr(report, "DATA", tmp_path / "data")
+    return tmp_path
+
+
+def _only(monkeypatch, *names):
+    """Only these tables exist (the others would be reported as placed in no page)."""
+    monkeypatch.setattr(report, "TABLES", {n: report.TABLES[n] for n in names})
+
+
+def test_a_stale_table_is_found_and_rebuilt(house, monkeypatch):
+    _only(monkeypatch, "faults")
+    (house / "data" / "faults_cpu.json").write_text(json.dumps(FAULTS_RUN))
+    readme = house / "README.md"
+    readme.write_text("intro\n<!-- table:faults -->\n| old |\n<!-- /table:faults -->\nend\n")
+    assert report.update(check=True) == ["faults"]
+    assert "| old |" in readme.read_text()  # --check changes nothing
+    assert report.update(check=False) == ["faults"]
+    text = readme.read_text()
+    assert FAULTS_ROW in text and "`labkit faults --json`" in text and text.endswith("<!-- /table:faults -->\nend\n")
     assert report.update(check=True) == []
 
 
-def test_a_stale_table_is_found_and_rebuilt(tmp_path):
-    run = {"command": "labkit faults --json", "faults/trials": 2, "faults/recovered": 2, "faults/half_updated": 0,
-           "faults/modified_then_restored": 1, "faults/engine_restarts": 0, "faults/recover_s_max": 1.5,
-           "faults/served_mid_sync": 0, "faults/mid_sync_probes": 2, "faults/wall_s": 60.0,
-           "faults/per_kind": {"exception": {"trials": 2, "recovered": 2, "half_updated": 0,
-                                             "modified_then_restored": 1, "engine_restarted": 0,
-                                             "recover_s_max": 1.5}}}
-    (tmp_path / "faults_cpu.json").write_text(json.dumps(run))
-    readme = tmp_path / "README.md"
-    readme.write_text("intro\n<!-- table:faults -->\n| old |\n<!-- /table:faults -->\nend\n")
-    assert report.update(readme, tmp_path, check=True) == ["faults"]
-    assert "| old |" in readme.read_text()  # --check changes nothing
-    assert report.update(readme, tmp_path) == ["faults"]
-    text = readme.read_text()
-    assert "| exception | 2 | 2 | 0 | 1 | 0 | 1.5 |" in text and "`labkit faults --json`" in text
-    assert report.update(readme, tmp_path, check=True) == []
+def test_a_table_in_a_docs_page_is_regenerated_there(house, monkeypatch):
+    """The marker sits in docs/deep/faults.md, not in README.md: the table is written there, README is left as it
+    was, and --check reads the docs page."""
+    _only(monkeypatch, "faults")
+    (house / "data" / "faults_cpu.json").write_text(json.dumps(FAULTS_RUN))
+    page = house / "docs" / "deep" / "faults.md"
+    page.write_text("# Faults\n\n<!-- table:faults -->\n| old |\n<!-- /table:faults -->\n\nprose after\n")
+    readme_before = (house / "README.md").read_text()
+    assert report.update(check=True) == ["faults"]
+    assert report.update(check=False) == ["faults"]
+    assert FAULTS_ROW in page.read_text() and "| old |" not in page.read_text()
+    assert page.read_text().startswith("# Faults\n\n<!-- table:faults -->\n") and "prose after" in page.read_text()
+    assert (house / "README.md").read_text() == readme_before
+    assert report.update(check=True) == []
+    page.write_text(page.read_text().replace("| 1.5 |", "| 9.9 |"))  # hand-edited number in the docs page
+    assert report.update(check=True) == ["faults"]
+
+
+def test_check_fails_when_a_data_file_a_table_needs_is_missing(house, monkeypatch):
+    """No data/bench_delta_cpu.json: the bench-delta table is a problem (not silently skipped), its old text stays;
+    the faults table beside it is still rebuilt."""
+    _only(monkeypatch, "faults", "bench-delta")
+    (house / "data" / "faults_cpu.json").write_text(json.dumps(FAULTS_RUN))
+    page = house / "docs" / "delta.md"
+    body = "<!-- table:bench-delta -->\n| kept |\n<!-- /table:bench-delta -->\n"
+    page.write_text(body + "<!-- table:faults -->\n<!-- /table:faults -->\n")
+    problems = report.update(check=True)
+    assert "faults" in problems
+    assert any(p.startswith("bench-delta:") and "data/bench_delta_cpu.json missing" in p and "docs/delta.md" in p
+               for p in problems)
+    problems = report.update(check=False)
+    assert any(p.startswith("bench-delta:") for p in problems)
+    assert page.read_text().startswith(body) and FAULTS_ROW in page.read_text()
+    assert report.update(check=True) == [next(p for p in problems if p.startswith("bench-delta:"))]
+
+
+def test_check_fails_on_a_run_made_from_a_dirty_tree_and_names_each_runs_provenance(house, monkeypatch):
+    _only(monkeypatch, "faults")
+    page = house / "docs" / "faults.md"
+    page.write_text("<!-- table:faults -->\n<!-- /table:faults -->\n")
+    prov = {"commit": "c" * 40, "dirty": False, "date_utc": "2026-11-27T10:00:00+00:00",
+            "host": {"cores": 2, "cpu_model": "Xeon", "memory_gib": 23.5, "gpus": []}}
+    (house / "data" / "faults_cpu.json").write_text(json.dumps({**FAULTS_RUN, "provenance": prov}))
+    assert report.update(check=False) == ["faults"] and report.update(check=True) == []
+    assert "`data/faults_cpu.json`: commit `cccccccccc` (clean), 2026-11-27, 2 cores Xeon, 23.5 GiB" in page.read_text()
+    (house / "data" / "faults_cpu.json").write_text(json.dumps({**FAULTS_RUN, "provenance": {**prov, "dirty": True}}))
+    problems = report.update(check=True)
+    assert any(p.startswith("faults: data/faults_cpu.json was made from a dirty tree") for p in problems), problems
+    (house / "data" / "faults_cpu.json").write_text(json.dumps(FAULTS_RUN))  # stored before provenance existed
+    report.update(check=False)
+    assert "`data/faults_cpu.json`: no provenance recorded" in page.read_text()
+
+
+def test_check_fails_on_a_pair_with_a_missing_half_and_on_a_paired_sweep_without_its_baseline(house, monkeypatch):
+    _only(monkeypatch, "bench-sync-repeats", "mtp-objectives")
+    data = house / "data"
+    (data / "bench_sync_cpu.json").write_text("{}")  # its MoE half is missing
+    (data / "mtp_sweep_x.json").write_text("{}")  # no mtp_experiment_cpu.json to pair with
+    (house / "docs" / "x.md").write_text("<!-- table:bench-sync-repeats -->\n<!-- /table:bench-sync-repeats -->\n"
+                                         "<!-- table:mtp-objectives -->\n<!-- /table:mtp-objectives -->\n")
+    problems = report.update(check=True)
+    assert len(problems) == 2
+    assert problems[0].startswith("bench-sync-repeats:") and "bench_sync_moe_cpu.json missing" in problems[0]
+    assert problems[1].startswith("mtp-objectives:") and "data/mtp_experiment_cpu.json missing" in problems[1]
+
+
+def test_a_marker_without_a_table_and_a_table_in_no_page_are_problems(house, monkeypatch):
+    _only(monkeypatch, "faults")
+    (house / "data" / "faults_cpu.json").write_text(json.dumps(FAULTS_RUN))
+    (house / "docs" / "x.md").write_text("<!-- table:nope -->\n<!-- /table:nope -->\n")
+    assert report.update(check=True) == ["nope: no such table (marker in docs/x.md)",
+                                         "faults: in no page (no `<!-- table:faults -->` in README.md or docs/)"]
+
+
+def test_the_mtp_table_names_the_recorded_host_or_none():
+    m = {"mtp/arms": [], "mtp/per_seed": [], "mtp/eval_disjoint": True, "mtp/rollouts_identical_step0": True,
+         "mtp/rollouts_identical_fraction": 1.0, "mtp/start_accept_rate": 0.8, "mtp/start_reward": 0.7,
+         "mtp/seeds": [0], "mtp/steps": 2, "mtp/k": 1, "timing/mtp_experiment/total": 120.0}
+    last = mtp_table({"metrics": m})[-1]
+    assert last.endswith("k = 1, 2.0 min") and "box" not in last
+    host = {"name": "ci", "cpu_model": "AMD EPYC 7B13", "cores": 2, "memory_gib": 24.0, "gpus": []}
+    assert mtp_table({"metrics": m, "provenance": {"host": host}})[-1].endswith("2.0 min on 2 cores, AMD EPYC 7B13")
+
+
+def test_markdown_helpers():
+    assert md_row(["a", 1]) == "| a | 1 |"
+    assert md_head(["a", "b"]) == ["| a | b |", "| --- | --- |"]
+    assert md_cell("x | y") == "x \\| y"
 
 
 def _per_seed(arm: str, finals, tails) -> list[dict]:

@@ -233,19 +233,19 @@ def test_bad_input_names_the_value_and_what_is_allowed(make, message):
 
 
 def test_cli_json_and_bad_flags(capsys):
-    from labkit.lab.roofline import notebook as roofline_nb
+    from labkit.cli import main
 
-    assert roofline_nb.main(["--model", "kimi-k2", "--weights", "fp8", "--hardware", "H20", "--json"]) == 0
+    assert main(["roofline", "--model", "kimi-k2", "--weights", "fp8", "--hardware", "H20", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["roofline/scenario"]["model"] == "kimi-k2" and len(out["roofline/transports"]) == 5
     with pytest.raises(SystemExit) as e:
-        roofline_nb.main(["--bucket-mb", "0"])
+        main(["roofline", "--bucket-mb", "0"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "bucket_mb='0' is invalid: expected a positive number of MiB" in err
     with pytest.raises(SystemExit):
-        roofline_nb.main(["--model", "no-such-model"])
+        main(["roofline", "--model", "no-such-model"])
     assert "model='no-such-model' is invalid: expected one of moonlight-16b-a3b" in capsys.readouterr().err
-    assert roofline_nb.main(["--engine-gpus", "12"]) == 2  # a rule across two fields: the constructor names it
+    assert main(["roofline", "--engine-gpus", "12"]) == 2  # a rule across two fields: the constructor names it
     assert "engine_tp=8 is invalid: expected a divisor of engine_gpus=12" in capsys.readouterr().err
 
 
@@ -257,9 +257,9 @@ def test_notebook_helpers_build_table_and_figure(monkeypatch):
     monkeypatch.delenv("LABKIT_METRICS", raising=False)
     s, over = rf.Scenario(model="moonlight-16b-a3b"), rf.cpu_overheads()
     rows = roofline_nb.transport_table(s, over)
-    assert [r["transport"] for r in rows] == [*rf.TRANSPORTS, "per-tensor calls (colocated)"]
+    assert [r["transport"] for r in rows] == [*rf.LINKS, "per-tensor calls (colocated)"]
     fig = roofline_nb.whatif_figure(s, over, 4, 64)
-    assert len(fig.data) == 2 * len(rf.TRANSPORTS) + 2 and nb.metrics()["roofline/model"] == "Moonlight-16B-A3B"
+    assert len(fig.data) == 2 * len(rf.LINKS) + 2 and nb.metrics()["roofline/model"] == "Moonlight-16B-A3B"
     want = rf.bound("colocated", model_tensors("moonlight-16b-a3b").total_bytes, rf.hardware("H100")).seconds
     assert math.isclose(nb.metrics()["roofline/bound_s/colocated"], want)
 

@@ -3,7 +3,7 @@ buckets need it; a safetensors file lists names alphabetically, which splits q/k
 
 import torch
 
-from labkit.sync import _Local
+from labkit.sync.producer import LocalProducer
 from labkit.sync.plan import fused_group
 
 
@@ -25,7 +25,7 @@ def test_local_producer_brings_fused_groups_together_in_first_seen_order():
                    (("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj")), ("mlp", ("gate_proj", "up_proj",
                                                                                        "down_proj"))) for p in ps)
     rec = _Recorder()
-    m = _Local((n, torch.zeros(1)) for n in names).sync(rec, None, None, None, "v1", exclude=["x"])
+    m = LocalProducer((n, torch.zeros(1)) for n in names).export_to(rec, None, None, None, "v1", exclude=["x"])
     assert m == {"exclude": ("x",), "version": "v1"} and sorted(rec.names) == names
     assert rec.closed  # the driver keeps no consumer: its buffers are freed at once
     groups = [fused_group(n) for n in rec.names]
@@ -43,3 +43,19 @@ def test_stream_refuses_delta_before_touching_the_engine():
 
     with pytest.raises(ValueError, match=r"stream\(\): SyncConfig.delta=3 needs a copy .* use delta=0"):
         stream([], None, SyncConfig(delta=3))  # no engine needed: refused first
+
+
+def test_every_producer_has_the_protocols_export_to_and_no_sync():
+    """The trainer (without importing sync/), its ranks and the local producer implement
+    labkit.sync.producer.Producer; `sync` names only what moves weights into an engine."""
+    import inspect
+
+    from labkit.sync.producer import LocalProducer, Producer
+    from labkit.trainer.group import Trainer
+    from labkit.trainer.rank import TrainerRank
+
+    want = list(inspect.signature(Producer.export_to).parameters)
+    for cls in (Trainer, LocalProducer):
+        assert list(inspect.signature(cls.export_to).parameters) == want, cls
+    assert list(inspect.signature(TrainerRank.export_to).parameters) == want[:-1]  # the driver owns the deadline
+    assert not any(hasattr(cls, "sync") for cls in (Trainer, TrainerRank, LocalProducer))

@@ -10,12 +10,12 @@ import pytest
 from labkit.models.tokenizer import EOS, PAD, decode
 from labkit.tasks import ArithTask, CharTokenizer, Task, Tokenizer, arith, check_task
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "python.md"  # the README's Python page
 
 
 def readme_task():
     """The `class ReverseTask` block of README's "From Python" section, executed."""
-    text = README.read_text().split("## From Python", 1)[1].split("\n## ", 1)[0]
+    text = README.read_text().split("## A task of your own", 1)[1].split("\n## ", 1)[0]
     block = next(b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "class ReverseTask" in b)
     ns: dict = {}
     exec(compile(block, "README.md", "exec"), ns)
@@ -114,11 +114,12 @@ def test_a_workbench_whose_engine_fails_to_start_stops_what_it_started(monkeypat
     def no_engine(*a, **k):
         raise RuntimeError("engine did not start: port taken")
 
+    from labkit.engine import startup
+
     monkeypatch.setattr(core.runtime, "init", lambda: None)
-    monkeypatch.setattr(core, "layout", lambda *a, **k: None)
-    monkeypatch.setattr(core, "Placement", lambda _: Started("placement"))
+    monkeypatch.setattr(core, "place", lambda *a, **k: Started("placement"))
     monkeypatch.setattr(core, "Trainer", lambda *a, **k: Started("trainer"))
-    monkeypatch.setattr(core.EngineHandle, "start", no_engine)
+    monkeypatch.setattr(startup.EngineHandle, "start", no_engine)
     with pytest.raises(RuntimeError, match="port taken"):
         core.Workbench(progress=False)
     assert stopped == ["trainer", "placement"]

@@ -9,7 +9,8 @@ import shutil
 import nbformat
 import pytest
 
-from labkit.workbench import nb, notebook, notebook_cli, viz
+from labkit.cli import main as labkit_main
+from labkit.workbench import nb, notebook, viz
 
 NAMES = notebook.names()
 
@@ -138,8 +139,8 @@ def _fake_run(name, params, out_root="runs", tag=None, **kw):
 
 def test_sweep_writes_summary_table_and_figure(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(notebook, "run", _fake_run)
-    rc = notebook_cli.main(["sweep", "01", "-p", "BUCKET_MB", "0.5,1,-1", "-p", "STEPS", "1",
-                            "--out-root", str(tmp_path), "--json"])
+    rc = labkit_main(["notebook", "sweep", "01", "-p", "BUCKET_MB", "0.5,1,-1", "-p", "STEPS", "1",
+                      "--out-root", str(tmp_path), "--json"])
     assert rc == 1  # one value failed; the others still ran
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     with open(res["sweep/summary_csv"]) as f:
@@ -162,7 +163,7 @@ def test_sweep_over_one_key_keeps_other_comma_values_and_saves_records(tmp_path,
     saved = tmp_path / "data" / "sweep.json"
     argv = ["sweep", "03", "--over", "MTP_TARGET", "-p", "MTP_TARGET", "tokens,tv", "-p", "SEEDS", "0,1,2",
             "--out-root", str(tmp_path), "--save", str(saved), "--json"]
-    assert notebook_cli.main(argv) == 0
+    assert labkit_main(["notebook", *argv]) == 0
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     rec = json.loads(saved.read_text())
     assert rec["key"] == "MTP_TARGET" and rec["values"] == ["tokens", "tv"] and rec["params"]["SEEDS"] == "0,1,2"
@@ -173,7 +174,7 @@ def test_sweep_over_one_key_keeps_other_comma_values_and_saves_records(tmp_path,
         rows = list(csv.DictReader(f))
     assert [r["MTP_TARGET"] for r in rows] == ["tokens", "tv"] and "mtp/per_seed" not in rows[0]
     assert rows[1]["mtp/tail_accept_rate_trained_ci95"]  # the interval is kept for the figure's error bars
-    assert notebook_cli.main(["sweep", "03", "--over", "K", "-p", "MTP_TARGET", "tokens,tv"]) == 2  # no -p K
+    assert labkit_main(["notebook", "sweep", "03", "--over", "K", "-p", "MTP_TARGET", "tokens,tv"]) == 2  # no -p K
 
 
 def test_sweep_summary_draws_intervals_as_error_bars():
@@ -185,11 +186,11 @@ def test_sweep_summary_draws_intervals_as_error_bars():
 
 def test_run_cli_json_last_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(notebook, "run", _fake_run)
-    assert notebook_cli.main(["run", "01_weight_update", "-p", "BUCKET_MB", "2", "--out-root", str(tmp_path),
-                              "--json"]) == 0
+    assert labkit_main(["notebook", "run", "01_weight_update", "-p", "BUCKET_MB", "2", "--out-root", str(tmp_path),
+                        "--json"]) == 0
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert last["timing/sync/total"] == 0.5 and last["sync/verified"] is True
-    assert notebook_cli.main(["sweep", "01", "-p", "BUCKET_MB", "2"]) == 2  # no comma list: usage error
+    assert labkit_main(["notebook", "sweep", "01", "-p", "BUCKET_MB", "2"]) == 2  # no comma list: usage error
 
 
 def test_sync_explorer_runs_only_on_the_button():

@@ -9,8 +9,8 @@ Why not SGLang's `flattened_bucket` format, which moves the same bytes:
 - it maps the shared-memory segment afresh on every call: torch keeps a received segment only while something
   holds it (`torch/multiprocessing/reductions.py`, `shared_cache` of weak refs), the scheduler drops the
   tensors after loading, so each sync page-faults every bucket in again;
-- it hands the views to `model.load_weights`, a Python loop with name matching per tensor.
-  `data/bench_sync_cpu.json` measured colocated at 0.10 of a memcpy with it (before this module).
+- it hands the views to `model.load_weights`, a Python loop with name matching per tensor (`labkit bench sync`
+  times that path as its peer arm).
 
 Here a received buffer stays mapped (at most `KEEP`: the trainer double-buffers, so 11 buckets map 2 buffers, not
 11 segments) for as long as the trainer keeps sending it: the trainer's closing read (`end_sync`) releases only
@@ -127,9 +127,7 @@ def load_flat(model, named_tensors) -> None:
         plan = copyplan.plan_for(model, key)
         srcs = _sources(flat, key, plan) if path is None else stagefile.views(path, offset, key, plan.entries)
         if fp.engine_armed("engine.apply"):  # `labkit faults`: a failure in the middle of an apply
-            for i, dst in zip(plan.direct, plan.dsts):
-                fp.hit("engine.apply", name=plan.entries[i][0])
-                dst.copy_(srcs[i])
+            _copy_runs_one_by_one(plan, srcs)
         elif plan.dsts:  # a few strided copies, not one per tensor (labkit.engine.inside.copyruns)
             torch._foreach_copy_(plan.run_dsts, copyplan.run_sources(plan, srcs))
         if plan.fallback:
@@ -138,6 +136,15 @@ def load_flat(model, named_tensors) -> None:
         _stats["copy_plan"] += len(plan.direct)
         _stats["load_weights"] += len(plan.fallback)
         settle(flat)
+
+
+def _copy_runs_one_by_one(plan: copyplan.CopyPlan, srcs: list[torch.Tensor]) -> None:
+    """The plan's own merged copies, issued one run at a time with the armed failpoint hit before each of the
+    run's tensors: a fault lands between two of the copies a normal sync makes, never on a path it never takes."""
+    for run, dst, src in zip(plan.runs, plan.run_dsts, copyplan.run_sources(plan, srcs)):
+        for m in run.members:
+            fp.hit("engine.apply", name=plan.entries[plan.direct[m]][0])
+        torch._foreach_copy_([dst], [src])
 
 
 def _after_apply(model, names: list[str]) -> None:
@@ -158,7 +165,9 @@ def _apply_delta(model, key: str, payload: torch.Tensor) -> None:
         raise ValueError(f"labkit apply: a delta sync needs every tensor of a bucket in the copy plan, and "
                          f"{loose[:3]} ({len(loose)}) are not plain contiguous slices of this model's parameters; "
                          f"sync with SyncConfig.delta=0")
-    fp.hit("engine.apply", name=plan.entries[0][0])
+    if fp.engine_armed("engine.apply"):  # `labkit faults`: a failure before this bucket's changed words land
+        for e in plan.entries:
+            fp.hit("engine.apply", name=e[0])
     spans = [(e[3], e[4]) for e in plan.entries]
     delta.decode_into(_held(payload), int(word), int(n_words), spans, plan.dsts, encoding)  # dsts == entries
     _after_apply(model, [e[0] for e in plan.entries])
@@ -193,7 +202,7 @@ def end_sync() -> list[int]:
     return out
 
 
-def _sources(flat: torch.Tensor, key: str, plan: copyplan.Plan) -> list[torch.Tensor]:
+def _sources(flat: torch.Tensor, key: str, plan: copyplan.CopyPlan) -> list[torch.Tensor]:
     """Views of each tensor in `flat`, built once per (kept buffer, layout). Keeping `flat` keeps its segment
     mapped, so the next bucket's handle to the same buffer resolves to this mapping (no fresh mmap)."""
     held = _keep(flat)
@@ -232,8 +241,8 @@ def _held(payload: torch.Tensor) -> torch.Tensor:
 
 def _memo_derived_weight_check() -> None:
     """SGLang 0.5.23 walks every module of the model (`_unsupported_derived_weight_cache_error`, getattr x5 per
-    module) at the top of every `update_weights_from_tensor`: on the 307-tensor bench model that walk cost more
-    than the bucket's copy (py-spy of the scheduler: ~750 samples vs ~525). Its own docstring says the answer
+    module) at the top of every `update_weights_from_tensor`, a walk that on a small model costs as much as
+    the bucket's copy. Its own docstring says the answer
     is "startup-determined and rank-uniform", so it is computed once per model here and reused. Pinned to the
     version it was read in; any other leaves SGLang's function alone."""
     global _memo_done

@@ -2,8 +2,8 @@
 
 Why: a guarded sync hashed the whole model on the engine twice, once after the sync (verification) and once
 before the next one (the atomic guard's check that nobody changed the weights in between, labkit.sync.atomic).
-Between the two an RL loop's engine only generates, so the second hash re-reads bytes the first one read: 37 ms
-of a 0.25 s colocated sync of the 0.32 GB bench model on the 2-core box (bench/phases_end_to_end, guard).
+Between the two an RL loop's engine only generates, so the second hash re-reads bytes the first one read (the
+`guard` phase of `bench/phases_end_to_end` in `labkit bench sync` shows what is left of it).
 
 How it stays exact: the scheduler's dispatcher tells the memo about every request before running it
 (`labkit.engine.inside.sglang_models.weights.install_checksum` wraps the handlers). Only requests on a short list that

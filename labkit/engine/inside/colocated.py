@@ -1,12 +1,12 @@
 """The engine side of a colocated sync packed into the rollback copy: the bucket is read where the trainer
 packed it, in the atomic guard's staging file (labkit.sync.lastgood), kept mapped across syncs.
 
-Why: a guarded colocated sync used to copy every byte three times on the trainer's core (pack into a shared
-bucket, copy into the staging file, then the engine copied it into the parameters): on the 2-core bench box the
-trainer's core was the critical path of the sync (pack 0.04 s + stage 0.075 s of 317 MB). Packed into the
-staging file, the bucket IS the rollback copy; the engine reads it from there. The store recycles two staging
-files (the last good copy and the next), so after the first two syncs the engine's mappings are warm: no page
-is faulted in again (a fresh mapping faults at ~3 GB/s, half a memcpy).
+Why: a guarded colocated sync packed into a shared bucket would copy every byte three times (pack into the
+bucket, copy into the staging file for rollback, then the engine's copy into the parameters), two of them on the
+trainer's core, the critical path of a CPU sync. Packed into the staging file, the bucket IS the rollback copy; the
+engine reads it from there. The store recycles two staging files (the last good copy and the next), so after the first
+two syncs the engine's mappings are warm: no page is faulted in again (a fresh mapping faults at ~3 GB/s, half a
+memcpy).
 
 The payload names the file and the offset of the bucket in it (`key`); the tensor it carries is a 1-byte
 placeholder. Only files of labkit's stores are opened (`labkit_stage_*/<dir>/data.bin`): the name comes from

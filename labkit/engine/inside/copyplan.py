@@ -23,7 +23,10 @@ from labkit.engine.inside import copyruns
 
 
 @dataclass
-class Plan:
+class CopyPlan:
+    """How one bucket layout lands in the model's parameters, compiled once per layout (not the sync's bucket plan,
+    labkit.sync.plan.Plan)."""
+
     entries: list  # [name, dtype, shape, start, end] per tensor
     dsts: list[torch.Tensor] = field(default_factory=list)  # parameter slices, for entries[direct[i]]
     direct: list[int] = field(default_factory=list)
@@ -39,14 +42,13 @@ class Plan:
 GPU_MERGE_BELOW = 1 << 20
 # (id(model), key) -> (the model, its plan), least recently used first. One sync replays one plan's buckets, each a
 # layout, so the table holds whole plans (a large model in 512 MiB buckets has hundreds): a table smaller than the
-# plan compiles every bucket of every sync again. What that costs, Qwen3-8B in 75 buckets on an H100 (labkit bench
-# device): apply at 253 GB/s with a 64-layout table (data/device_check_h100_at_4938448.json) against 442 with this
-# one (data/device_check_h100.json). A plan is views and indices, no tensor memory.
+# plan compiles every bucket of every sync again (`labkit bench device` shows it as a low apply rate on warm
+# syncs; docs/gpu.md). A plan is views and indices, no tensor memory.
 MAX_PLANS = 1 << 14
-_plans: OrderedDict[tuple[int, str], tuple[weakref.ref, Plan]] = OrderedDict()
+_plans: OrderedDict[tuple[int, str], tuple[weakref.ref, CopyPlan]] = OrderedDict()
 
 
-def plan_for(model, key: str) -> Plan:
+def plan_for(model, key: str) -> CopyPlan:
     """`model`'s compiled plan of layout `key` (a labkit layout key: a prefix, then the layout as JSON). Kept per
     model: a scheduler may hold two models that take the same names (a speculative draft beside its target)."""
     held = _plans.get((id(model), key))
@@ -56,7 +58,7 @@ def plan_for(model, key: str) -> Plan:
     return held[1]
 
 
-def run_sources(plan: Plan, srcs: list[torch.Tensor]) -> list[torch.Tensor]:
+def run_sources(plan: CopyPlan, srcs: list[torch.Tensor]) -> list[torch.Tensor]:
     """Each run's source view into the bucket, from the views of its tensors (`srcs`, by entry): a few strided
     views per bucket, built per call (cheap) so that none outlives the buffer it reads."""
     out = []
@@ -70,7 +72,7 @@ def run_sources(plan: Plan, srcs: list[torch.Tensor]) -> list[torch.Tensor]:
     return out
 
 
-def moved(model, plan: Plan) -> bool:
+def moved(model, plan: CopyPlan) -> bool:
     """A parameter re-created since the plan was compiled (a post-load repack, a memory resume) would leave
     the plan copying into orphaned storage: re-resolve each owner by name, compare its storage."""
     return any(getattr(module, attr).data_ptr() != ptr for module, attr, ptr in plan.owners)
@@ -85,8 +87,8 @@ def tp_size() -> int:
         return 1
 
 
-def _compile(model, key: str) -> Plan:
-    plan = Plan(json.loads(key[key.index("["):]))
+def _compile(model, key: str) -> CopyPlan:
+    plan = CopyPlan(json.loads(key[key.index("["):]))
     view = getattr(model, "param_view", None)
     tp = tp_size()
     for i, (name, dtype, shape, _, _) in enumerate(plan.entries):

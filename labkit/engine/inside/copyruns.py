@@ -2,15 +2,13 @@
 constant step in one parameter are copied as one.
 
 Why: an MoE bucket holds hundreds of expert tensors (gate, up, down per expert, ~72 KB each in the qwen3-moe
-preset), and the engine applied them as one `torch._foreach_copy_` of hundreds of small copies, which on CPU
-is a loop of single-threaded copies: ~0.9 of the scheduler's apply time in a py-spy of repeated syncs (not
-stored). Expert e's gate and up are the two row blocks of `w13_weight[e]` and sit back to back in the bucket, so
+preset); as one `torch._foreach_copy_` of hundreds of small copies they are, on CPU, a loop of single-threaded
+copies. Expert e's gate and up are the two row blocks of `w13_weight[e]` and sit back to back in the bucket, so
 they merge into one flat copy; expert e+1's then sits one expert further in both the bucket and `w13_weight`, so
 the layer's gate/up copies form one progression, and its down copies (`w2_weight[e]`) another. A progression is
-one copy of a strided view on each side, which torch splits over its threads: 465 tensors of one bucket took
-2.1-3.0 ms as separate copies and 0.8-1.0 ms as two strided ones (scratch microbenchmark on the 2-core box,
-not stored). The same rule finds nothing to merge in a dense model's bucket (q/k/v and gate/up differ in shape
-and fall back to one copy each): nothing changes there.
+one copy of a strided view on each side, which torch splits over its threads (`scripts/copyruns_bench.py` times
+both ways; data/copyruns_h100_*.json holds its GPU runs). The same rule finds nothing to merge in a dense model's bucket
+(q/k/v and gate/up differ in shape and fall back to one copy each): nothing changes there.
 
 Pure: the plan is computed from offsets, shapes and strides (`Segment`), never from tensors;
 `labkit.engine.inside.apply` builds the views. A merge is exact by construction: a progression's j-th member

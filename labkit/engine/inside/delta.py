@@ -125,9 +125,8 @@ def decode_into(payload: torch.Tensor, word: int, n_words: int, spans: list[tupl
     Two ways, the same words written: per destination (an `index_copy_` each: the CPU's way, where an op costs
     little) or, `flat` (the default on a GPU), through one bucket-sized scratch: gather the destinations into it,
     scatter every changed word at once, copy it back (two multi-tensor copies and one scatter, whatever the
-    tensor count; the scratch is one bucket of device memory while it runs). On an H200 the per-destination way
-    took 1.5-3 ms for a bucket of 64 tensors, at 32 MiB and at 512 MiB alike (launches and Python per tensor;
-    `labkit bench codec` before this path, two machines, not stored), more than encoding 512 MiB."""
+    tensor count; the scratch is one bucket of device memory while it runs). On a GPU the per-destination way
+    pays a kernel launch and Python per tensor, whatever the bucket's size; the flat way a fixed three."""
     where, vals = _parts(payload, word, n_words, encoding)
     if where.numel() != vals.numel() or (where.numel() and int(where[-1]) >= n_words):
         raise ValueError(f"delta decode: the payload names {where.numel()} changed words of {n_words}, and "

@@ -1,14 +1,12 @@
 """The engine side of a colocated sync in one call: every bucket of the sync applied inside one
 `update_weights_from_tensor`, told bucket by bucket over a local socket.
 
-Why: each bucket used to be its own SGLang call (trainer -> Ray -> the engine actor's tokenizer manager -> ZMQ ->
-scheduler and back; a call that does nothing took 2.3-3.2 ms on the 2-core bench box), paid once per bucket on
-the critical path, and SGLang serializes weight updates (the tokenizer manager's writer lock), so two calls
-cannot be in flight to hide it. Here the first call stays open for the whole sync (what checkpoint-engine's
-pipelined update does over ZMQ): the trainer sends each bucket's payload over a Unix socket once the bucket is
-packed, the scheduler applies it by the same copy plan (labkit.engine.inside.apply) and answers one byte, and the
-trainer reuses that bucket's buffer. The bench model's colocated weight-moving time went from 0.151 s to
-0.119 s (`data/bench_sync_cpu.json` before and after).
+Why: as its own SGLang call, each bucket would pay a round trip (trainer -> Ray -> the engine actor's tokenizer
+manager -> ZMQ -> scheduler and back) on the critical path, and SGLang serializes weight updates (the tokenizer
+manager's writer lock), so two calls cannot be in flight to hide it. Here the first call stays open for the whole sync
+(what checkpoint-engine's pipelined update does over ZMQ): the trainer sends each bucket's payload over a Unix socket
+once the bucket is packed, the scheduler applies it by the same copy plan (labkit.engine.inside.apply) and answers one
+byte, and the trainer reuses that bucket's buffer: one round trip per sync instead of one per bucket.
 
 Each message is what one bucket's own call would have carried (`[(payload name, tensor)]` through SGLang's
 serializer: a handle to the shared buffer, which the engine resolves to the mapping it keeps, or a staging-file

@@ -27,11 +27,11 @@ from labkit.workbench.core import FINETUNE, Workbench
 from labkit.lab.bench.sync import bench_model_dir, verdict, weight_moving_seconds
 
 DELTA_LR = 1e-5  # the issue's step size; RL post-training runs 1e-6..1e-5
-TRANSPORTS = ("colocated", "distributed")
+DELTA_TRANSPORTS = ("colocated", "distributed")  # the transports that carry a delta
 
 
 def bench_delta(spec: ModelSpec | str = BENCH_SPEC, bucket_mb: float = 32.0, syncs: int = 5, anchor_every: int = 8,
-                transports: tuple[str, ...] = TRANSPORTS, workdir: str | Path = "runs/bench-delta",
+                transports: tuple[str, ...] = DELTA_TRANSPORTS, workdir: str | Path = "runs/bench-delta",
                 progress: bool = True) -> dict:
     """Per transport: `syncs` timed full syncs, then `syncs` timed delta syncs (anchor every `anchor_every`,
     more than `syncs`, so the timed ones are deltas; the anchor's own time is reported)."""

@@ -25,8 +25,8 @@ MEMCPY_MIN_BYTES = 256 << 20
 
 def memcpy_gbps(nbytes: int, reps: int = 5) -> float:
     """Best-of-`reps` copy of `nbytes` (at least `MEMCPY_MIN_BYTES`) between two preallocated CPU (or GPU) buffers.
-    The floor keeps it a memory-bandwidth reference: the 9 MB MoE preset fits in cache, and its own copy read
-    27.8 GB/s in the stored run before this floor and 1.3 GB/s in a later one (not stored): no reference at all."""
+    The floor keeps it a memory-bandwidth reference: a copy of the 9 MB MoE preset fits in cache and reads
+    anything from cache speed to a cold miss, no reference at all."""
     import torch
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -168,12 +168,11 @@ def bench_sync(spec: ModelSpec | str = BENCH_SPEC, bucket_mb: float = 32.0, reps
 
 def reference(samples: list[float]) -> dict:
     """`bench/memcpy_gbps`: the fastest of the memcpy samples taken through the run (one after each transport, the
-    engine up and idle), with every sample beside it. One sample taken after the engine shut down read 19.1 and
-    14.6 GB/s in two stored runs on the 2-core box (data/bench_sync{,_moe}_cpu.json at 01bcb0c), and every
-    `_vs_memcpy` ratio moved with it; the best of several taken where the syncs ran is the steadier reference,
-    and the higher one, so no ratio gains from a slow sample. A two-copy path (pack, apply) is bounded by about
-    half of it: on the 2-core box two one-thread copies at once moved 0.45-0.66 of an every-core copy's rate
-    measured beside them (scripts/memcpy_threads.py)."""
+    engine up and idle), with every sample beside it. One sample moves every `_vs_memcpy` ratio with it; the best
+    of several taken where the syncs ran is the steadier reference, and the higher one, so no ratio gains from a
+    slow sample. A two-copy path (pack, apply) is bounded by about half of it: two one-thread copies at once
+    against an every-core copy beside them is what scripts/memcpy_threads.py measures
+    (data/memcpy_threads_cpu.json)."""
     if not samples:
         raise ValueError("memcpy reference: no samples (the bench ran no transport)")
     return {"bench/memcpy_gbps": round(max(samples), 4),

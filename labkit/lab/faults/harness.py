@@ -29,7 +29,8 @@ from labkit.trainer.group import Trainer
 from labkit.workbench.core import Workbench
 from labkit.lab.faults.plan import KINDS, QUICK_KINDS, SPEC, FaultsConfig, Trial, plan_trials, summarize
 
-PROBE_S = 2.0  # a generate that answers this fast while the sync is held mid-way was served mid-sync
+DELTA_EVERY = 8  # a delta trial's anchor interval: its faulted sync is the first after the anchor
+PROBE_S = 2.0  # the sync stays held at least this long (or until the probe is answered or refused)
 
 def run(cfg: FaultsConfig | None = None) -> dict:
     from tqdm.auto import tqdm
@@ -56,12 +57,24 @@ def run(cfg: FaultsConfig | None = None) -> dict:
 class _Killer(threading.Thread):
     """Waits for a `wait` failpoint's marker, probes the engine (no answer may come back while the sync is held
     mid-way: a refusal or a request held until the sync ends are both right), kills `target` with ray.kill
-    (None: probe only), then opens the gate."""
+    (None: probe only), then opens the gate.
+
+    `served` is decided by time, over the whole hold: the probe answered before the gate opened. A probe still
+    pending when the gate opens was held by the engine, which is right, whenever it is answered after that.
+    `killed`: ray.kill was called on `target` (a killer whose marker never appeared kills nothing)."""
 
     def __init__(self, marker: str, gate: str, engine, target, limit_s: float):
         super().__init__(daemon=True)
         self.marker, self.gate, self.engine, self.target, self.limit_s = marker, gate, engine, target, limit_s
-        self.served = None
+        self.answered_at = self.released_at = None
+        self.killed = False
+        self._done = threading.Event()
+
+    @property
+    def served(self) -> bool | None:
+        if self.released_at is None:
+            return None  # the sync was never held here
+        return self.answered_at is not None and self.answered_at < self.released_at
 
     def run(self) -> None:
         import ray
@@ -70,24 +83,22 @@ class _Killer(threading.Thread):
         while not os.path.exists(self.marker) and time.monotonic() < deadline:
             time.sleep(0.05)
         if os.path.exists(self.marker):
-            self.served = self._probe()
+            threading.Thread(target=self._ask, daemon=True).start()
+            self._done.wait(PROBE_S)
             if self.target is not None:
                 ray.kill(self.target, no_restart=True)
+                self.killed = True
                 time.sleep(0.5)  # let the death be seen before the trainer moves on
+            self.released_at = time.monotonic()
         Path(self.gate).unlink(missing_ok=True)
 
-    def _probe(self) -> bool:
-        answered = threading.Event()
-
-        def ask():
-            try:
-                self.engine.portable(call_timeout_s=10).generate(input_ids=[[5, 6, 7]], sampling={"max_new_tokens": 1})
-                answered.set()
-            except Exception:
-                pass  # refused (or cut off by the fault): nothing served
-
-        threading.Thread(target=ask, daemon=True).start()
-        return answered.wait(PROBE_S)
+    def _ask(self) -> None:
+        try:
+            self.engine.portable(call_timeout_s=60).generate(input_ids=[[5, 6, 7]], sampling={"max_new_tokens": 1})
+            self.answered_at = time.monotonic()
+        except Exception:
+            pass  # refused (or cut off by the fault): nothing served
+        self._done.set()
 
 
 class Harness:
@@ -115,7 +126,8 @@ class Harness:
         return vf.expected_checksums({n: t.to(dt) for n, t in named}), len(plan.buckets), n_groups
 
     def _arm(self, t: Trial, n_buckets: int, n_groups: int, tmp: str) -> _Killer | None:
-        """Arm the trial's fault (and a probe at sync.begin where the fault itself holds nothing)."""
+        """Arm the trial's fault (and a probe at sync.begin where the fault itself holds nothing). The fault's
+        marker (`{tmp}/fault_reached`) is written where it fires, in whatever process that is."""
         wb, engine, cfg = self.wb, self.wb.engine, self.cfg
         trainer0 = wb.trainer.actors[0]
         # The fault's own gate (a hang is never released by the harness) and the probe's, apart.
@@ -126,11 +138,11 @@ class Harness:
         if t.point == "engine.apply":  # before the k of the nth fused group: its q is written already
             nth = 1 + int(t.frac * n_groups)
             fpt.arm_in_actor(engine._actor, t.point, t.action, min(nth, n_groups), match=".k_proj.",
-                             limit_s=cfg.deadline_s * 4)
+                             limit_s=cfg.deadline_s * 4, marker=wait["marker"])
         else:
             per_bucket = t.point in ("sync.bucket", "transport.send", "bucket.pack")
             nth = min(1 + int(t.frac * n_buckets), n_buckets) if per_bucket else 1
-            kw = wait if t.action in ("wait", "hang") else {}
+            kw = wait if t.action in ("wait", "hang") else {"marker": wait["marker"]}
             fpt.arm_in_actor(trainer0, t.point, t.action, nth, **kw)
         if t.action == "wait":
             target = engine._actor if t.kind == "engine_killed" else trainer0
@@ -148,11 +160,16 @@ class Harness:
         wb.train(1, batch_size=8, progress=False)
         engine, guard = wb.engine, guard_for(wb.engine)
         scfg = SyncConfig(transport=t.transport, bucket_mb=cfg.bucket_mb, progress=False, timeout_s=cfg.timeout_s,
-                          deadline_s=cfg.deadline_s)
+                          deadline_s=cfg.deadline_s, delta=DELTA_EVERY if t.delta else 0)
         new, n_buckets, n_groups = self._about_to_send(scfg)
         old, v_old = engine.checksums(), engine.weight_version
         spec, killer, version = self.spec, None, f"t{i}"
         tmp = tempfile.mkdtemp(prefix="labkit_fault_")
+        if t.delta:  # an anchor first, so the faulted sync carries delta payloads
+            guard.sync(wb.trainer, scfg, self.spec)
+            wb.train(1, batch_size=8, progress=False)
+            new = self._about_to_send(scfg)[0]
+            old, v_old = engine.checksums(), engine.weight_version
         if t.kind == "bad_tensor":
             spec = _bad_spec(self.spec, random.Random(i))
         else:
@@ -167,12 +184,13 @@ class Harness:
         took = time.perf_counter() - t0
         if killer is not None:
             killer.join(timeout=cfg.deadline_s)
+        fired = _fired(t, tmp, killer, err)
         shutil.rmtree(tmp, ignore_errors=True)
         trainer_alive = self._disarm(engine)
         if m.get("sync/engine_restarted"):
             self.restarts["engine"] += 1
-        return {"kind": t.kind, "transport": t.transport, "point": t.point, "nth_of": n_buckets,
-                "failed": err is not None,
+        return {"kind": t.kind, "transport": t.transport, "delta": t.delta, "point": t.point, "nth_of": n_buckets,
+                "fired": fired, "failed": err is not None, "sync_metrics": _scalars(m),
                 "restored": bool(m.get("sync/restored")), "served_mid_sync": killer.served if killer else None,
                 "recover_s": m.get("timing/sync/restore", 0.0), "sync_s": round(took, 3),
                 "engine_restarted": bool(m.get("sync/engine_restarted")), "trainer_killed": not trainer_alive,
@@ -214,6 +232,20 @@ class Harness:
                 "next_sync_verified": nxt["sync/verified"],
                 # the fault had changed the live engine's weights, and they were brought back bitwise
                 "modified_then_restored": bool(m.get("sync/modified_before_restore")) and state == "old"}
+
+
+def _fired(t: Trial, tmp: str, killer: _Killer | None, err: Exception | None) -> bool:
+    """Proof the trial's fault happened: its failpoint's marker was written where it fired (and, for a kill, the
+    process was killed there); a bad tensor, the sync refused it."""
+    if t.kind == "bad_tensor":
+        return err is not None
+    reached = os.path.exists(f"{tmp}/fault_reached")
+    return reached and (killer.killed if t.action == "wait" else True)
+
+
+def _scalars(m: dict) -> dict:
+    """The faulted sync's own metrics, the scalar ones (what the row keeps for a reader to check)."""
+    return {k: v for k, v in m.items() if isinstance(v, (int, float, str, bool)) or v is None}
 
 
 def _bad_spec(spec: dict, rng: random.Random) -> dict:

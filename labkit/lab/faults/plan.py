@@ -15,8 +15,9 @@ Kinds, and where each one hits:
     trainer_killed          the trainer killed at a sync point
     trainer_killed_packing  the trainer killed half-way through packing a bucket
     engine_killed           the engine killed between buckets
-    apply_crash             the engine's scheduler dies inside an apply, after q of a fused q/k/v group was
-                            written and before k and v were
+    apply_crash             the engine's scheduler dies inside an apply, between two of the copies a normal
+                            sync makes: before the one that writes the nth fused group's k (the copies before
+                            it have landed; q, k and v may be one merged copy), whole bucket or delta payload
     apply_hang              the engine's scheduler stops inside an apply (same place) and never answers
     corrupt_in_transit      one byte of a packed bucket flipped after packing, before it reaches the engine
     peer_hang               the trainer stops mid-broadcast (a stuck rendezvous peer)
@@ -39,10 +40,13 @@ KINDS = ("exception", "trainer_killed", "trainer_killed_packing", "engine_killed
 QUICK_KINDS = ("exception", "corrupt_in_transit", "peer_absent", "port_in_use", "bad_tensor")
 SYNC_POINTS = ("sync.begin", "sync.bucket", "sync.end", "sync.version")
 FLATTENED = ("colocated", "distributed")
-TRANSPORTS = ("per-tensor", *FLATTENED)
+APPLIED = ("per-tensor", *FLATTENED)  # the transports whose buckets the engine applies (engine.apply)
 # direct: the trainer writes into the engine's parameters itself (no bucket, no engine apply, no rendezvous), so
 # the faults that reach it are the trainer's and the engine's own
-WRITERS = (*TRANSPORTS, "direct")
+WRITERS = (*APPLIED, "direct")
+# faults that can land on a delta sync's payloads as well as on whole buckets: drawn on one in two of their
+# flattened trials
+DELTA_KINDS = ("exception", "apply_crash", "apply_hang", "corrupt_in_transit")
 SPEC = ModelSpec(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128, seed=0)
 # kind -> (failpoint, action, transports it applies to); None point: the fault is in the input
 _FAULTS = {
@@ -50,8 +54,8 @@ _FAULTS = {
     "trainer_killed": (None, "wait", WRITERS),
     "trainer_killed_packing": ("bucket.pack", "wait", FLATTENED),
     "engine_killed": (None, "wait", WRITERS),
-    "apply_crash": ("engine.apply", "crash", TRANSPORTS),
-    "apply_hang": ("engine.apply", "hang", TRANSPORTS),
+    "apply_crash": ("engine.apply", "crash", APPLIED),
+    "apply_hang": ("engine.apply", "hang", APPLIED),
     "corrupt_in_transit": ("transport.send", "corrupt", FLATTENED),
     "peer_hang": ("transport.send", "hang", ("distributed",)),
     "peer_absent": ("transport.peer", "skip", ("distributed",)),
@@ -96,6 +100,7 @@ class Trial:
     point: str | None  # failpoint (None: the fault is in the input, not in a place)
     action: str | None
     frac: float  # where among the buckets / fused groups (resolved once the plan is known)
+    delta: bool = False  # the faulted sync carries delta payloads (after an anchor sync: labkit.sync.delta)
 
 
 def plan_trials(n: int, seed: int, kinds: tuple[str, ...] = KINDS) -> list[Trial]:
@@ -110,17 +115,29 @@ def plan_trials(n: int, seed: int, kinds: tuple[str, ...] = KINDS) -> list[Trial
             transport = turns[kind].pop()
             if point is None and action is not None:  # a sync point (the broadcast too, where there is one)
                 point = rng.choice(list(SYNC_POINTS) + (["transport.send"] if transport == "distributed" else []))
-            out.append(Trial(kind, transport, point, action, round(rng.random(), 3)))
+            delta = kind in DELTA_KINDS and transport in FLATTENED and rng.random() < 0.5
+            out.append(Trial(kind, transport, point, action, round(rng.random(), 3), delta))
     return out[:n]
 
+
+def half_updated(row: dict) -> bool:
+    """The one definition: after the trial the engine holds neither the old weights nor the new ones, bitwise
+    (serving or not: a dead engine holding a mix is restarted from the checkpoint, but it held a mix)."""
+    return row["state"] == "neither"
+
+
+def counted(row: dict) -> bool:
+    """A trial counts as recovered only if its fault provably fired (`fired`, labkit.lab.faults.harness) and
+    the engine then served old or new, named right, and took the next sync verified."""
+    return bool(row["fired"]) and bool(row["recovered"])
 
 
 def summarize(rows: list[dict], cfg: FaultsConfig, wall_s: float, restarts: dict) -> dict:
     per_kind = {}
     for k in sorted({r["kind"] for r in rows}):
         rs = [r for r in rows if r["kind"] == k]
-        per_kind[k] = {"trials": len(rs), "recovered": sum(r["recovered"] for r in rs),
-                       "half_updated": sum(r["state"] == "neither" and r["serving"] for r in rs),
+        per_kind[k] = {"trials": len(rs), "fired": sum(bool(r["fired"]) for r in rs),
+                       "recovered": sum(counted(r) for r in rs), "half_updated": sum(half_updated(r) for r in rs),
                        "landed_new": sum(r["state"] == "new" for r in rs),
                        "kept_old": sum(r["state"] == "old" for r in rs),
                        "modified_then_restored": sum(r["modified_then_restored"] for r in rs),
@@ -130,9 +147,11 @@ def summarize(rows: list[dict], cfg: FaultsConfig, wall_s: float, restarts: dict
     probes = [r["served_mid_sync"] for r in rows if r["served_mid_sync"] is not None]
     return {
         "faults/trials": len(rows),
-        "faults/half_updated": sum(r["state"] == "neither" and r["serving"] for r in rows),
+        "faults/fired": sum(bool(r["fired"]) for r in rows),
+        "faults/half_updated": sum(half_updated(r) for r in rows),
         "faults/not_serving": sum(not r["serving"] for r in rows),
-        "faults/recovered": sum(r["recovered"] for r in rows),
+        "faults/recovered": sum(counted(r) for r in rows),
+        "faults/delta_trials": sum(bool(r.get("delta")) for r in rows),
         "faults/modified_then_restored": sum(r["modified_then_restored"] for r in rows),
         "faults/kinds": dict(Counter(r["kind"] for r in rows)),
         "faults/points": dict(Counter(r["point"] or "input" for r in rows)),

@@ -1,16 +1,18 @@
-"""The sync bench's README tables (labkit.lab.report.generate): one run of `labkit bench sync`, and every stored run
-of the bench pair side by side, so a reader sees how far a ratio moves from run to run on the same box."""
+"""The sync bench's tables (docs/sync-speed.md, docs/moe.md; labkit.lab.report.generate): one run of `labkit bench
+sync`, and every stored run of the bench pair side by side, so a reader sees how far a ratio moves from run to run
+on the same box; and one `labkit sync` of each model family (docs/model-families.md)."""
 
 from __future__ import annotations
 
 import shlex
 
-from labkit.lab.report.mtp import md_row as _row
+from labkit.lab.report.markdown import md_head
+from labkit.lab.report.markdown import md_row as _row
 
 
 def bench_table(run: dict) -> list[str]:
     head = ["transport", "transport-only (s)", "GB/s", "of a memcpy", "end to end (s)", "engine apply"]
-    lines = [_row(head), _row(["---"] * len(head))]
+    lines = md_head(head)
     transports = [t for t in ("per-tensor", "colocated", "distributed", "direct")
                   if f"bench/{t.replace('-', '_')}_seconds" in run]
     for t in transports:
@@ -22,7 +24,7 @@ def bench_table(run: dict) -> list[str]:
     lines += ["", f"{run['bench/model_bytes'] / 1e6:.0f} MB, {run['bench/num_tensors']} tensors, "
                   f"{run['bench/bucket_bytes'] >> 20} MiB buckets; memcpy {run['bench/memcpy_gbps']:.1f} GB/s "
                   "(a reference: pack + apply copy every byte twice, so about half of it is their limit, see "
-                  "*What bounds these ratios*; direct copies once). "
+                  "[What bounds these ratios](sync-speed.md#what-bounds-these-ratios); direct copies once). "
                   f"Bucketed vs per-tensor: **{run['bench/speedup_bucketed_vs_per_tensor']:.1f}×** transport-only, "
                   f"**{run['bench/speedup_end_to_end']:.1f}×** end to end"
                   + (f"; direct vs per-tensor: **{run['bench/speedup_direct_vs_per_tensor']:.1f}×** transport-only, "
@@ -51,7 +53,7 @@ def e2e_phase_table(run: dict) -> list[str]:
     if not phases:
         return []
     head = ["end to end, by phase (s)", *E2E_PHASES, "waited"]
-    lines = ["", _row(head), _row(["---"] * len(head))]
+    lines = ["", *md_head(head)]
     for t, p in phases.items():
         lines.append(_row([t, *(f"{p.get(k, 0.0):.3f}" for k in E2E_PHASES), f"{p['wall']:.3f}"]))
     lines += ["", "Phases overlap (the next bucket's gather and pack run while the engine loads this one; the "
@@ -79,7 +81,7 @@ REPEATED = (  # (label, value from the pair (bench model run, MoE run), format)
 def repeats_table(pairs: list[tuple[dict, dict]]) -> list[str]:
     """Each stored run of the bench pair (bench model, MoE preset), one column per run, with the range."""
     head = ["metric", *(f"run {k}" for k in range(1, len(pairs) + 1)), "range"]
-    lines = [_row(head), _row(["---"] * len(head))]
+    lines = md_head(head)
     for label, value, fmt in REPEATED:
         vals = [value(d, m) for d, m in pairs]
         spread = "" if isinstance(vals[0], bool) else f"{fmt.format(min(vals))}–{fmt.format(max(vals))}"
@@ -95,7 +97,7 @@ def family_syncs_table(runs: list[tuple[str, dict]]) -> list[str]:
     and whether it landed bitwise, as a user first meets it (a fresh engine: not a speed figure)."""
     head = ["model", "trainer tensors", "MB", "buckets", "engine tensors verified", "engine apply", "verified",
             "greedy = trainer", "first sync (s)"]
-    lines = [_row(head), _row(["---"] * len(head))]
+    lines = md_head(head)
     for file, run in runs:
         missing = len(run.get("verify/missing", [])) + len(run.get("verify/mismatched", []))
         lines.append(_row([_model(run.get("command", ""), file), f"{run['sync/num_tensors']:,}",

@@ -1,9 +1,10 @@
-"""The README's table of `labkit bench device` runs (labkit.lab.device.bench), from data/device_check_*.json.
+"""The table of `labkit bench device` runs in docs/gpu.md (labkit.lab.device.bench), from data/device_check_*.json.
 Runs stored as `..._at_<commit>.json` are earlier code, kept for the figures that cite them, and not tabled."""
 
 from __future__ import annotations
 
-from labkit.lab.report.mtp import md_row as _row
+from labkit.lab.report.markdown import md_head
+from labkit.lab.report.markdown import md_row as _row
 
 MODELS = ("qwen3-8b", "qwen3-30b-a3b-12l")
 
@@ -24,7 +25,7 @@ def device_table(runs: list[tuple[str, dict]]) -> list[str]:
     head = ["device, bucket", "model (tensors)", "sync (ms)", "GB/s (of device copy)", "pack / apply GB/s",
             "no overlap (ms)", "verified, flip caught, delta", "roofline bound / predicted (ms)",
             "refit: held-out predicted / measured (ms)"]
-    lines, notes = [_row(head), _row(["---"] * len(head))], []
+    lines, notes = md_head(head), []
     for name, m in runs:
         if "_at_" in name:
             continue

@@ -1,7 +1,10 @@
-"""README tables generated from the stored runs in data/ (`labkit report`; `--check` fails when one is stale).
+"""Tables generated from the stored runs in data/ (`labkit report`; `--check` fails when one is stale or cannot be
+built).
 
-A table lives between `<!-- table:NAME -->` and `<!-- /table:NAME -->` in README.md and is rebuilt from
-`data/<file>` with the command that made the run, so a number in the README is always one a stored run holds.
+A table lives between `<!-- table:NAME -->` and `<!-- /table:NAME -->` in README.md or in a page under docs/, and is
+rebuilt there from `data/<file>` with the command that made the run, so a number in the docs is always one a stored
+run holds. Each table is written into whichever page holds its marker; `--check` reads every page, and a table
+whose data file is missing, a marker no table answers, or a table placed in no page is a problem, not a skip.
 """
 
 from __future__ import annotations
@@ -10,160 +13,17 @@ import json
 import re
 from pathlib import Path
 
-from labkit.lab.roofline.bounds import fmt_seconds as _secs
-from labkit.lab.roofline.overheads import stored_pairs
+from labkit import provenance
 from labkit.lab.report.bench import bench_table, family_syncs_table, repeats_table
 from labkit.lab.report.device import device_table
 from labkit.lab.report.mtp import drafts_table, mtp_table
-from labkit.lab.report.mtp import md_row as _row
+from labkit.lab.report.tables import (codec_table, delta_table, faults_table, roofline_models_table,
+                                      roofline_table, serve_table)
+from labkit.lab.roofline.overheads import stored_pairs
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-def faults_table(run: dict) -> list[str]:
-    head = ["kind", "trials", "recovered", "half-updated", "modified, then restored", "engine restarted",
-            "slowest restore (s)"]
-    lines = [_row(head), _row(["---"] * len(head))]
-    for kind, k in sorted(run["faults/per_kind"].items()):
-        lines.append(_row([kind, k["trials"], k["recovered"], k["half_updated"], k["modified_then_restored"],
-                           k["engine_restarted"], f"{k['recover_s_max']:.1f}"]))
-    lines.append(_row(["**all**", run["faults/trials"], run["faults/recovered"], run["faults/half_updated"],
-                       run["faults/modified_then_restored"], run["faults/engine_restarts"],
-                       f"{run['faults/recover_s_max']:.1f}"]))
-    lines.append("")
-    lines.append(f"Generates answered while a sync was held mid-way: {run['faults/served_mid_sync']} of "
-                 f"{run['faults/mid_sync_probes']} probes. Wall time {run['faults/wall_s'] / 60:.1f} min.")
-    return lines
-
-
-def serve_table(runs: list[tuple[str, dict]]) -> list[str]:
-    """One row per pause mode of each stored run, the HTTP server's first; an actor-backend run has no pause mode
-    (the handle holds a request that arrives during a sync until it ends)."""
-    keys = [("serve/requests", "requests"), ("serve/in_flight_during_sync", "in flight during a sync"),
-            ("serve/mixed_responses", "mixed"), ("serve/aborted", "aborted"), ("serve/retracted", "retracted"),
-            ("serve/pause_seconds", "paused per sync (s)"), ("serve/sync_seconds", "sync under load (s)")]
-    head = ["backend", "pause mode", *(label for _, label in keys)]
-    lines, idle = [_row(head), _row(["---"] * len(head))], []
-    for _, run in sorted(runs, key=lambda r: r[1].get("serve/backend", "http") != "http"):
-        backend = run.get("serve/backend", "http")
-        for mode in run.get("serve/modes", []):
-            label = mode if backend == "http" else "none: held by the handle"
-            if f"serve/refused/{mode}" in run or f"serve/error/{mode}" in run:
-                why = "refused by the atomic guard" if f"serve/refused/{mode}" in run else "error"
-                lines.append(_row([backend, label, why, *([""] * (len(keys) - 1))]))
-                continue
-            vals = [run.get(f"{k}/{mode}", "") for k, _ in keys]
-            lines.append(_row([backend, label, *(f"{v:.2f}" if isinstance(v, float) else v for v in vals)]))
-        idle.append(f"{backend} {run['serve/idle_sync_seconds']:.2f} s")
-    ok = all(run["serve/ok"] for _, run in runs)
-    return lines + ["", f"Idle sync (no traffic): {', '.join(idle)}; `serve/ok`: {ok}."]
-
-
-def delta_table(run: dict) -> list[str]:
-    head = ["transport", "changed words", "on the wire (of full)", "weight-moving full / delta (s)",
-            "end to end full / delta (s)", "delta time (of full), moving / end to end"]
-    lines = [_row(head), _row(["---"] * len(head))]
-    for t in ("colocated", "distributed"):
-        if f"bench/delta/wire_ratio/{t}" not in run:
-            continue
-        g = lambda k: run[f"bench/delta/{k}/{t}"]  # noqa: E731
-        lines.append(_row([t, f"{g('changed_fraction'):.1%}", f"{g('wire_ratio'):.1%}",
-                           f"{g('seconds/full'):.3f} / {g('seconds/delta'):.3f}",
-                           f"{g('end_to_end_seconds/full'):.3f} / {g('end_to_end_seconds/delta'):.3f}",
-                           f"{g('time_ratio'):.2f}× / {g('time_ratio_end_to_end'):.2f}×"]))
-    lines += ["", f"{run['bench/delta/model_bytes'] / 1e6:.0f} MB in the engine's bfloat16, "
-                  f"{run['bench/delta/bucket_bytes'] >> 20} MiB buckets, lr {run['bench/delta/lr']:g}, medians of "
-                  f"{run['bench/delta/syncs']} syncs per arm, anchor every {run['bench/delta/anchor_every']}. "
-                  f"`bench/delta/verified`: {run['bench/delta/verified']} (every timed sync verified against the "
-                  f"trainer's full export; {run['bench/delta/engine_tensors_changed']} of "
-                  f"{run['bench/delta/engine_tensors']} engine tensors changed over the run)."]
-    return lines
-
-
-def codec_table(runs: list[tuple[str, dict]]) -> list[str]:
-    """`labkit bench codec` runs: a row per device, bucket size and changed fraction (labkit.lab.bench.codec)."""
-    head = ["device", "bucket", "changed (encoding)", "payload (of bucket)", "encode (ms)", "decode (ms)",
-            "full bucket's copy (ms)", "delta pays on links below"]
-    lines, packs = [_row(head), _row(["---"] * len(head))], []
-    for _, run in runs:
-        dev, size = run["bench/codec/device"], f"{run['bench/codec/bucket_bytes'] >> 20} MiB"
-        for key in sorted(k.removesuffix("/encoding") for k in run if k.endswith("/encoding")):
-            g = lambda k: run[f"{key}/{k}"]  # noqa: E731
-            even = g("break_even_gbps")
-            lines.append(_row([dev, size, f"{g('changed_fraction'):.1%} ({g('encoding')})", f"{g('payload_ratio'):.1%}",
-                               f"{g('encode_seconds') * 1e3:.2f}", f"{g('decode_seconds') * 1e3:.2f}",
-                               f"{run['bench/codec/copy_seconds'] * 1e3:.2f}",
-                               "any link" if even is None else f"{even:.3g} GB/s"]))
-        packs.append(f"{dev}, {size}: {run['bench/pack/tensors']:,} tensors in "
-                     f"{run['bench/pack/seconds'] * 1e3:.1f} ms ({run['bench/pack/us_per_tensor']:.1f} µs per tensor)")
-    ok = all(r["bench/codec/verified"] for _, r in runs)
-    return lines + ["", f"{runs[0][1]['bench/codec/tensors']} destination tensors per bucket, medians of "
-                        f"{runs[0][1]['bench/codec/reps']} after a warm-up. `bench/codec/verified`: {ok} in every "
-                        "run (each decode reproduced the new bucket bitwise, each encode left the copy equal to "
-                        "it, each pack unpacked to its sources). Pack of fp32 expert matrices (96 × 192) into a "
-                        "bf16 bucket: " + "; ".join(packs) + "."]
-
-
-def roofline_table(run: dict) -> list[str]:
-    """Published syncs beside the bound of the transport each used (labkit.lab.roofline.published)."""
-    head = ["system", "model", "hardware", "mode", "published", "bytes per sync", "bound of its transport",
-            "fraction of its limit", "source"]
-    lines, notes = [_row(head), _row(["---"] * len(head))], []
-    for i, r in enumerate(run["roofline/published"], start=1):
-        moved = "not published" if r["bytes"] is None else f"{r['bytes'] / 1e9:.1f} GB {r['weights']}"
-        limit = r["bound"] if r["bound_s"] is None else f"{_secs(r['bound_s'])} ({r['transport']})"
-        cells = [f"{r['system']} [{i}]", r["model"], r["hardware"], r["mode"], r["published"], moved, limit,
-                 f"{r['fraction_of_limit']:.2%}", r["source"]]
-        lines.append(_row([str(c).replace("|", "\\|") for c in cells]))  # a pipe would split the cell
-        notes.append(f"- [{i}] {r['assumption']}; bound = {r['bound']}.")
-    return lines + [""] + notes
-
-
-def _range(model: dict) -> str:
-    """The predicted time's range over the stored bench pairs' fits, where there are several."""
-    lo, hi = model.get("predicted_s/colocated_range", (None, None))
-    return f" [{_secs(lo)}–{_secs(hi)}]" if lo is not None and hi > lo else ""
-
-
-def roofline_models_table(run: dict) -> list[str]:
-    """The shipped real configs: size, tensor count, and each transport's bound at the reference layout."""
-    ref = run["roofline/reference"]
-    head = ["model", "parameters (MTP)", "tensors (expert)", "bf16 / FP8 GB", "GPUs (engine TP)", "colocated",
-            "NVLink broadcast", "single-NIC RDMA broadcast", "all-ranks P2P",
-            f"predicted colocated, {ref['bucket_mb']:g} MiB buckets"]
-    lines = [_row(head), _row(["---"] * len(head))]
-    for m in run["roofline/models"]:
-        lines.append(_row([m["label"], f"{m['params'] / 1e9:.2f} B ({m['mtp_params'] / 1e9:.2f} B)",
-                           f"{m['tensors']:,} ({m['expert_tensors']:,})",
-                           f"{m['bf16_bytes'] / 1e9:.1f} / {m['fp8_bytes'] / 1e9:.1f}",
-                           f"{m['layout']['engine_gpus']} ({m['layout']['engine_tp']})",
-                           *(_secs(m[f"bound_s/{t}"]) for t in ("colocated", "nvlink-broadcast", "rdma-broadcast",
-                                                                 "rdma-p2p")),
-                           f"{_secs(m['predicted_s/colocated'])}{_range(m)} ({m['buckets']:,} buckets)"]))
-    over = run["roofline/overheads"]
-    note = (f"{ref['weights']} on {ref['hardware']}, MTP layers included. GPUs: the fewest (a power of two, at "
-            f"least 8) whose HBM holds the trainer's state ({ref['trainer_bytes_per_param']} bytes per parameter) in "
-            "80 % of it, trainer and engine colocated; engine TP: the fewest holding the weights in half their HBM "
-            "(each GPU copies its 1/TP; P2P delivers one copy per replica). NVLink broadcast: as if every receiver "
-            "shared the sender's NVLink domain (beyond a node, a floor). Predicted = bound + "
-            f"{over.get('per_sync_s', 0.0) * 1e3:.1f} ms per sync + buckets × {over['per_bucket_s'] * 1e3:.2f} ms + "
-            f"tensors × {over['per_tensor_s'] * 1e6:.1f} µs: "
-            f"{over['measured_on']} ({over['derivation']}).")
-    return lines + ["", note + _repeats_note(run.get("roofline/overheads_repeats", []))]
-
-
-def _repeats_note(reps: list[dict]) -> str:
-    if len(reps) < 2:
-        return ""
-
-    def span(key: str, scale: float, unit: str) -> str:
-        vals = [r[key] * scale for r in reps]
-        return f"{min(vals):.1f}–{max(vals):.1f} {unit}"
-
-    return (f" In brackets: the prediction with the overheads fitted from each of the {len(reps)} stored runs of "
-            "the bench pair instead (`data/bench_sync_cpu.json` and `data/bench_sync_cpu_<k>.json`, each with its "
-            f"MoE run; same commands, same sweep): per tensor {span('per_tensor_s', 1e6, 'µs')}, per sync "
-            f"{span('per_sync_s', 1e3, 'ms')}, per bucket {span('per_bucket_s', 1e3, 'ms')}.")
+DATA = ROOT / "data"
+MARKER = re.compile(r"(<!-- table:([\w.-]+) -->\n)(.*?)(<!-- /table:\2 -->)", re.S)
 
 
 TABLES = {"mtp": ("mtp_experiment_cpu.json", mtp_table),
@@ -186,11 +46,44 @@ PAIRS = {"bench-sync-repeats"}  # every stored run of the bench pair (labkit.lab
 
 def _runs(data_dir: Path, pattern: str) -> tuple[list[tuple[str, dict]], dict]:
     """The stored runs matching `pattern` and the default MTP run they pair with."""
-    runs = [(p.name, json.loads(p.read_text())) for p in sorted(data_dir.glob(pattern))]
-    return runs, json.loads((data_dir / "mtp_experiment_cpu.json").read_text())
+    return _load(data_dir, pattern), json.loads((data_dir / "mtp_experiment_cpu.json").read_text())
+
+
+def _load(data_dir: Path, pattern: str) -> list[tuple[str, dict]]:
+    return [(p.name, json.loads(p.read_text())) for p in sorted(data_dir.glob(pattern))]
+
+
+def sources(name: str, data_dir: Path) -> list[tuple[str, dict]]:
+    """The stored runs table `name` is built from, as (file name, run)."""
+    file = TABLES[name][0]
+    if name in PAIRS:
+        return [(p.name, json.loads(p.read_text())) for pair in stored_pairs(data_dir) for p in pair]
+    if "*" in file:
+        runs = _load(data_dir, file)
+        return runs if name in MULTI else [*runs, ("mtp_experiment_cpu.json", _runs(data_dir, file)[1])]
+    return [(file, json.loads((data_dir / file).read_text()))]
+
+
+def made_by(file: str, run: dict) -> str:
+    """One line on where a stored run comes from: its commit and whether the tree was clean, date, machine."""
+    p = run.get("provenance")
+    if not isinstance(p, dict):
+        commit = run.get("commit")  # runs stored before labkit.provenance: what they recorded themselves
+        return (f"`data/{file}`: commit `{commit[:10]}`, tree state not recorded" if commit else
+                f"`data/{file}`: no provenance recorded (stored before labkit recorded it)")
+    h = p.get("host", {})
+    gpus = f", {', '.join(h['gpus'])}" if h.get("gpus") else ""
+    state = "clean" if p.get("dirty") is False else "DIRTY" if p.get("dirty") else "tree state unknown"
+    return (f"`data/{file}`: commit `{(p.get('commit') or '?')[:10]}` ({state}), {p.get('date_utc', '?')[:10]}, "
+            f"{h.get('cores', '?')} cores {h.get('cpu_model', '?')}, {h.get('memory_gib', '?')} GiB{gpus}")
 
 
 def render(name: str, data_dir: Path) -> str:
+    """The table, the commands that made its runs, and where each run comes from (`made_by`)."""
+    return _body(name, data_dir) + "\n\n" + "<br>".join(made_by(f, r) for f, r in sources(name, data_dir))
+
+
+def _body(name: str, data_dir: Path) -> str:
     file, fn = TABLES[name]
     if name in PAIRS:
         files = stored_pairs(data_dir)
@@ -200,11 +93,13 @@ def render(name: str, data_dir: Path) -> str:
         return "\n".join([*fn(pairs), "", f"(from {made}, made by {' and '.join(f'`{c}`' for c in cmds)} with "
                           "`--out` naming each file; regenerate with `labkit report`)"])
     if "*" in file:  # several runs, each with its own command
-        runs, base = _runs(data_dir, file)
-        made = "; ".join(f"`data/{f}` by `{r.get('command', '?')}`" for f, r in runs)
         if name in MULTI:  # one bench's runs, a block of rows each
+            runs = _load(data_dir, file)
+            made = "; ".join(f"`data/{f}` by `{r.get('command', '?')}`" for f, r in runs)
             return "\n".join([*fn(runs), "", f"(from {made}; regenerate with `labkit report`)"])
         # beside the default MTP run they pair with
+        runs, base = _runs(data_dir, file)
+        made = "; ".join(f"`data/{f}` by `{r.get('command', '?')}`" for f, r in runs)
         return "\n".join([*fn({"runs": runs, "baseline": base}), "", f"(from {made}; frozen from "
                           f"`data/mtp_experiment_cpu.json`; regenerate with `labkit report`)"])
     run = json.loads((data_dir / file).read_text())
@@ -212,26 +107,75 @@ def render(name: str, data_dir: Path) -> str:
     return "\n".join([*fn(run), "", f"(from `data/{file}`, made by `{cmd}`; regenerate with `labkit report`)"])
 
 
-def update(readme: Path = ROOT / "README.md", data_dir: Path = ROOT / "data", check: bool = False) -> list[str]:
-    """Rebuild every table block whose data file exists; returns the names that were stale."""
-    text = readme.read_text()
-    stale = []
-    for name, (file, _) in TABLES.items():
-        pat = re.compile(rf"(<!-- table:{re.escape(name)} -->\n)(.*?)(<!-- /table:{re.escape(name)} -->)", re.S)
-        m = pat.search(text)
-        if m is None or not (any(data_dir.glob(file)) if "*" in file else (data_dir / file).exists()):
-            continue
-        body = render(name, data_dir) + "\n"
-        if m.group(2) != body:
-            stale.append(name)
-            text = text[:m.start(2)] + body + text[m.end(2):]
-    if stale and not check:
-        readme.write_text(text)
-    return stale
+def missing(name: str, data_dir: Path) -> list[str]:
+    """What table `name` needs from `data_dir` and does not find there (empty when it can be built)."""
+    file = TABLES[name][0]
+    if name in PAIRS:  # every stored run of the bench pair, both halves of each
+        try:
+            stored_pairs(data_dir)
+        except ValueError as e:
+            return [str(e)]
+        return []
+    needs = [file] + (["mtp_experiment_cpu.json"] if "*" in file and name not in MULTI else [])
+    return [f"data/{f}" for f in needs if not (any(data_dir.glob(f)) if "*" in f else (data_dir / f).exists())]
 
 
-def figures(data_dir: Path = ROOT / "data", out_dir: Path = ROOT / "docs" / "figures") -> dict:
-    """The README's figures, drawn from the same stored runs as its tables: {file: path written, or why not}.
+def pages(root: Path | None = None) -> list[Path]:
+    """The pages that may hold tables: README.md and every docs/**/*.md under `root` (the repository)."""
+    root = ROOT if root is None else Path(root)
+    return [p for p in [root / "README.md", *sorted((root / "docs").rglob("*.md"))] if p.is_file()]
+
+
+def update(check: bool = False, root: Path | None = None, data_dir: Path | None = None) -> list[str]:
+    """Rebuild every table block of README.md and docs/**/*.md from the stored runs, each in the page that holds
+    its marker; with `check`, write nothing. Returns the problems: the name of each stale table, and `NAME: why`
+    for a table that cannot be built (a data file it needs is missing), a marker no table answers, or a table
+    placed in no page. [] when every page is current."""
+    data_dir = Path(data_dir) if data_dir is not None else DATA if root is None else Path(root) / "data"
+    root = ROOT if root is None else Path(root)
+    problems: list[str] = []
+    built: dict[str, str | None] = {}  # one render per table, whichever pages hold it
+    placed: set[str] = set()
+
+    def note(problem: str) -> None:
+        if problem not in problems:
+            problems.append(problem)
+
+    for page in pages(root):
+        where = page.relative_to(root).as_posix()
+
+        def rebuild(m: re.Match) -> str:
+            name, body = m.group(2), m.group(3)
+            placed.add(name)
+            if name not in TABLES:
+                note(f"{name}: no such table (marker in {where})")
+                return m.group(0)
+            if name not in built:
+                gone = missing(name, data_dir)
+                if gone:
+                    note(f"{name}: cannot be built for {where}: {', '.join(gone)} missing")
+                for f, run in ([] if gone else sources(name, data_dir)):
+                    if isinstance(run.get("provenance"), dict) and "made from a dirty tree" in provenance.problems(run):
+                        note(f"{name}: data/{f} was made from a dirty tree (its commit does not say what ran)")
+                built[name] = None if gone else render(name, data_dir) + "\n"
+            if built[name] is None:
+                return m.group(0)
+            if body != built[name]:
+                note(name)
+            return m.group(1) + built[name] + m.group(4)
+
+        text = page.read_text()
+        new = MARKER.sub(rebuild, text)
+        if new != text and not check:
+            page.write_text(new)
+    for name in TABLES:
+        if name not in placed:
+            note(f"{name}: in no page (no `<!-- table:{name} -->` in README.md or docs/)")
+    return problems
+
+
+def figures(data_dir: Path = DATA, out_dir: Path = ROOT / "docs" / "figures") -> dict:
+    """The docs' figures, drawn from the same stored runs as their tables: {file: path written, or why not}.
     PNG only (kaleido with a Chromium it can drive); without one the tables still stand and the reason is said."""
     from labkit.workbench import viz
     from labkit.lab.report.mtp import draft_rows

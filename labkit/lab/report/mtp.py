@@ -1,5 +1,5 @@
-"""The MTP tables of the README (labkit.lab.report.generate): the default three-arm run, and the draft objectives and
-cadences compared, paired seed by seed with the default run's frozen arm.
+"""The MTP tables (docs/mtp.md, docs/draft-objectives.md; labkit.lab.report.generate): the default three-arm run,
+and the draft objectives and cadences compared, paired seed by seed with the default run's frozen arm.
 
 Every comparison row pairs by seed: the arms of a seed see token-identical rollouts (seeded sampling, a draft that
 cannot move the policy, a pre-RL phase that leaves the trunk bit for bit), so the differences are the draft's alone.
@@ -7,11 +7,8 @@ cannot move the policy, a pre-RL phase that leaves the trunk bit for bit), so th
 
 from __future__ import annotations
 
+from labkit.lab.report.markdown import md_head, md_row
 from labkit.mtp import stats
-
-
-def md_row(cells) -> str:
-    return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
 def _pct(x) -> str:
@@ -26,7 +23,7 @@ def mtp_table(run: dict) -> list[str]:
     m = run.get("metrics", run)
     head = ["arm", "final accept rate, mean [95 % CI]", "last quarter, mean [95 % CI]", "final reward",
             "final accept rate per seed"]
-    lines = [md_row(head), md_row(["---"] * len(head))]
+    lines = md_head(head)
     for arm in m["mtp/arms"]:
         per = ", ".join(f"{s[f'mtp/final_accept_rate_{arm}']:.3f}" for s in m["mtp/per_seed"])
         lines.append(md_row([arm, _ci(m[f"mtp/final_accept_rate_{arm}_mean"], m[f"mtp/final_accept_rate_{arm}_ci95"]),
@@ -51,8 +48,22 @@ def mtp_table(run: dict) -> list[str]:
     lines.append(f"- at step 0 (every arm): accept rate {m['mtp/start_accept_rate']:.3f}, reward "
                  f"{m['mtp/start_reward']:.3f}")
     lines.append(f"- seeds {m['mtp/seeds']}, {m['mtp/steps']} steps per arm, k = {m['mtp/k']}, "
-                 f"{m['timing/mtp_experiment/total'] / 60:.1f} min on this 2-core box")
+                 f"{m['timing/mtp_experiment/total'] / 60:.1f} min{host_phrase(run)}")
     return lines
+
+
+def host_phrase(run: dict) -> str:
+    """` on <host>` from the machine the stored run recorded (its `provenance.host`, labkit.provenance: a dict of
+    cores and CPU model; or a `host` at its top or among its metrics), "" when it recorded none: the table then
+    claims no box for the time."""
+    m = run.get("metrics", run)
+    host = (run.get("provenance") or {}).get("host") or run.get("host") or m.get("host")
+    if isinstance(host, dict):
+        cores = host.get("cores") or host.get("cpu_count")
+        model = host.get("cpu_model") or host.get("cpu")
+        words = ([f"{cores} cores"] if cores else []) + ([str(model)] if model else [])
+        host = ", ".join(words) or host.get("name")
+    return f" on {host}" if host else ""
 
 
 def _records(run: dict) -> list[dict]:
@@ -109,7 +120,7 @@ def drafts_table(run: dict) -> list[str]:
     """What the draft learns and when, over seeds; each row minus the default run's frozen arm, paired by seed."""
     head = ["objective (`MTP_TARGET`)", "cadence", "final accept rate, mean [95 % CI]", "last quarter",
             "final − frozen, paired", "last quarter − frozen, paired", "seeds"]
-    lines = [md_row(head), md_row(["---"] * len(head))]
+    lines = md_head(head)
     for r in draft_rows(run["runs"], run["baseline"]):
         lines.append(md_row([r["objective"], r["cadence"], _ci(*r["final"]), _ci(*r["tail"]), _ci(*r["diff_final"]),
                              _ci(*r["diff_tail"]), ", ".join(map(str, r["seeds"]))]))

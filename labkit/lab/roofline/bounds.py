@@ -15,8 +15,8 @@ adds per-bucket and per-tensor overheads. The bounds:
 
 Overheads default to labkit's own measurements on a 2-core CPU box (`cpu_overheads`, fitted from
 data/bench_sync_cpu.json and notebook 04's bench curve, the arithmetic in `Overheads.derivation`): CPU-measured,
-not GPU numbers. They are parameters: plug in a GPU's (the slime blog measured ~20 ms per flattened bucket on
-GPUs: IPC open 3, rebuild 5, load 12 ms).
+not GPU numbers. They are parameters: plug in a GPU's (the slime blog cited in labkit.lab.roofline.published
+breaks a flattened bucket's cost on GPUs down into IPC open, rebuild and load).
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ from labkit.lab.roofline.overheads import (  # noqa: F401
 GB, MB = 1e9, 1 << 20
 ROOT = Path(__file__).resolve().parents[3]
 HardwareName = Literal["H100", "H200", "H20"]
-Transport = Literal["colocated", "nvlink-broadcast", "rdma-broadcast", "rdma-p2p"]
+# How a sync's bytes cross, as the roofline bounds it (its own vocabulary: not SyncConfig.transport's names)
+Link = Literal["colocated", "nvlink-broadcast", "rdma-broadcast", "rdma-p2p"]
 CopyPerGpu = Literal["shard", "full"]
-TRANSPORTS = get_args(Transport)
+LINKS = get_args(Link)
 _NIC = "ConnectX-7 NDR: 400 Gb/s = 50 GB/s per NIC, one per GPU (8 per HGX node, the NVIDIA reference design)"
 
 
@@ -161,9 +162,9 @@ def fmt_seconds(x: float) -> str:
     return f"{x * 1e3:.3g} ms" if x < 1 else f"{x:.3g} s" if x < 1000 else f"{x:,.0f} s"
 
 
-def bound(transport: Transport, model_bytes: float, hw: Hardware, layout: Layout = Layout()) -> Bound:
+def bound(transport: Link, model_bytes: float, hw: Hardware, layout: Layout = Layout()) -> Bound:
     """The time no sync over `transport` can beat for `model_bytes` (one full copy) on `hw` laid out as `layout`."""
-    check(transport in TRANSPORTS, "transport", transport, "one of " + ", ".join(TRANSPORTS))
+    check(transport in LINKS, "transport", transport, "one of " + ", ".join(LINKS))
     m = float(model_bytes)
     if transport == "colocated":
         per_gpu = m / layout.engine_tp if layout.colocated_copy == "shard" else m
@@ -217,9 +218,9 @@ class Scenario:
 def transport_rows(s: Scenario, over: Overheads, tensors: ModelTensors | None = None) -> list[dict]:
     """One row per transport: bound and predicted seconds for `s`, plus the per-tensor-call baseline."""
     mt, hw = tensors or s.tensors(), hardware(s.hardware)
-    nb = count_buckets(mt.tensors, int(s.bucket_mb * MB))
+    nb = mt.buckets(int(s.bucket_mb * MB))
     rows = []
-    for t in TRANSPORTS:
+    for t in LINKS:
         b = bound(t, mt.total_bytes, hw, s.layout)
         extra = over.per_sync_s + nb * over.per_bucket_s + mt.num_tensors * over.per_tensor_s
         rows.append({"transport": t, "bytes": b.bytes, "bound_s": b.seconds, "formula": b.formula, "buckets": nb,
@@ -239,6 +240,6 @@ def whatif(s: Scenario, over: Overheads, sizes_bytes: list[int], tensors: ModelT
     for size in sizes_bytes:
         rows = transport_rows(replace(s, bucket_mb=size / MB), over, mt)
         out.append({"bucket_bytes": size, "buckets": rows[0]["buckets"],
-                    **{r["transport"]: r["predicted_s"] for r in rows[:len(TRANSPORTS)]},
-                    **{f"bound/{r['transport']}": r["bound_s"] for r in rows[:len(TRANSPORTS)]}})
+                    **{r["transport"]: r["predicted_s"] for r in rows[:len(LINKS)]},
+                    **{f"bound/{r['transport']}": r["bound_s"] for r in rows[:len(LINKS)]}})
     return out

@@ -1,4 +1,4 @@
-"""The sync roofline for notebook 05 and the command line: tables, the bucket what-if figure, the stored run.
+"""The sync roofline for notebook 05 and `labkit roofline` (labkit.cli.lab): tables, the bucket what-if figure, the run.
 
     labkit roofline [--model M] [--weights W] [--hardware H] [--bucket-mb N] [layout flags] [--json] [--out F]
 
@@ -9,16 +9,12 @@ them under $LABKIT_OUT when a notebook runner set it, and writes the run behind 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import html
 import json
 import os
-import shlex
-import sys
 from pathlib import Path
 
-from labkit.config import add_arguments
 from labkit.lab.roofline import bounds as rf
 from labkit.lab.roofline import published as rp
 from labkit.models.real import REAL
@@ -50,7 +46,7 @@ def model_summary(name: str, s: rf.Scenario, over: rf.Overheads, repeats: list[r
             "mtp_params": full.params - bare.params,
             "tensors": full.num_tensors, "expert_tensors": full.expert_tensors, "bf16_bytes": full.total_bytes,
             "fp8_bytes": fp8.total_bytes, "buckets": rows["colocated"]["buckets"],
-            **{f"bound_s/{t}": rows[t]["bound_s"] for t in rf.TRANSPORTS},
+            **{f"bound_s/{t}": rows[t]["bound_s"] for t in rf.LINKS},
             "predicted_s/colocated": rows["colocated"]["predicted_s"],
             **({"predicted_s/colocated_range": [min(spread), max(spread)]} if spread else {})}
 
@@ -142,7 +138,7 @@ def whatif_figure(s: rf.Scenario, over: rf.Overheads, min_mb: float = 1.0, max_m
         f"at scale: {mt.label} {s.weights}, {s.layout.engine_gpus}×{s.hardware}",
         "measured on CPU: bench model, colocated"))
     x = [p["bucket_bytes"] / MB for p in pts]
-    for i, t in enumerate(rf.TRANSPORTS):
+    for i, t in enumerate(rf.LINKS):
         color = qualitative.Plotly[i % len(qualitative.Plotly)]
         fig.add_scatter(x=x, y=[p[t] for p in pts], mode="lines+markers", name=f"{t} predicted",
                         line=dict(color=color), customdata=[p["buckets"] for p in pts],
@@ -224,48 +220,3 @@ def _sizes(min_mb: float, max_mb: float) -> list[int]:
 def _bytes(r: dict) -> str:
     return "not published" if r["bytes"] is None else f"{r['bytes'] / rf.GB:.1f} GB {r['weights']}"
 
-
-# ---------------------------------------------------------------------------------------------- CLI
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="labkit roofline", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p, rf.Scenario, ("model", "weights", "hardware", "bucket_mb"), base=REFERENCE)
-    add_arguments(p, rf.Layout, ("trainer_gpus", "engine_gpus", "engine_tp", "colocated_copy", "broadcast_nics"),
-                  base=REFERENCE.layout)
-    p.add_argument("--no-mtp", action="store_true", help="leave the model's MTP layers out")
-    p.add_argument("--json", action="store_true", help="the run as one JSON object on the last stdout line")
-    p.add_argument("--out", default=None, help="also write the run to this JSON file (led by the command)")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser().parse_args(argv)
-    try:
-        layout = rf.Layout(**{k: getattr(args, k) for k in ("trainer_gpus", "engine_gpus", "engine_tp",
-                                                            "colocated_copy", "broadcast_nics")})
-        s = rf.Scenario(model=args.model, weights=args.weights, mtp=not args.no_mtp, hardware=args.hardware,
-                        layout=layout, bucket_mb=args.bucket_mb)
-        out = run(s)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"labkit roofline: error: {e}", file=sys.stderr)
-        return 2
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        record = {"command": shlex.join(["labkit", "roofline", *argv]), **out}
-        Path(args.out).write_text(json.dumps(record, indent=1, default=str) + "\n")
-    if args.json:
-        print(json.dumps(out, default=str), flush=True)
-    else:
-        print(f"{out['roofline/overheads']['measured_on']}\n{out['roofline/overheads']['derivation']}\n")
-        for r in out["roofline/transports"]:
-            bound_s, predicted_s = rf.fmt_seconds(r["bound_s"]), rf.fmt_seconds(r["predicted_s"])
-            print(f"{r['transport']:<30} bound {bound_s:>10}  predicted {predicted_s:>10}  ({r['formula']})")
-        print()
-        for r in out["roofline/published"]:
-            print(rp.describe(r))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

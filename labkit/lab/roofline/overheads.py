@@ -10,9 +10,9 @@ They are CPU-measured and every output says so: on GPUs plug in your own (`Overh
 
 The bench pair is stored several times (`stored_pairs`: run 1 in the files above, run k in `..._cpu_<k>.json`, the
 same commands): the memcpy reference and the syncs move from run to run on the 2-core box, and the per-tensor cost,
-a difference of two runs, moves most (three pairs made one after the other read 7.3, 12.3 and 8.0 us).
-`cpu_overheads_repeats` fits each pair, so every prediction is given with the range it spans over the runs, not
-one run's figure.
+a difference of two runs, moves most (the three stored pairs fit 7.3, 12.3 and 8.0 us per tensor:
+`roofline/overheads_repeats` in data/roofline_published.json). `cpu_overheads_repeats` fits each pair, so every
+prediction is given with the range it spans over the runs, not one run's figure.
 """
 
 from __future__ import annotations
@@ -58,9 +58,11 @@ def fit_overheads(bench: dict, curve_run: dict, moe: dict) -> Overheads:
     per bucket + tensors x per tensor:
     - per bucket: the slope of seconds against the planner's bucket count over the sweep's sizes that hold every
       fused group (below that, oversize groups travel alone in fresh buffers: a cliff, not a per-bucket cost;
-      fitting across it read 2.7 ms per bucket where the sizes above it moved by none), never below 0;
-    - per tensor: what the MoE preset's 3,872 extra tensors add over the bench model, each run's copies and
-      buckets taken off first (an intercept of the sweep cannot part this from the per-sync cost: 307 tensors);
+      over all nine sizes of data/notebook04_bench_cpu.json the slope is 2.7 ms per bucket, over the sizes that
+      hold the group -0.07 ms), never below 0;
+    - per tensor: what the MoE preset's extra tensors (3,872 in data/bench_sync_moe_cpu.json) add over the bench
+      model, each run's copies and buckets taken off first (an intercept of the sweep cannot part this from the
+      per-sync cost: the bench model's tensors never change);
     - per sync: the bench model's seconds less its copies, buckets and tensors;
     - per call: the per-tensor transport's seconds less one copy, per tensor."""
     bench_model = model_tensors("bench", "fp32")

@@ -1,11 +1,12 @@
 """Published weight-sync times beside their roofline: how close each system came to the limit of its transport.
 
-Each row is a number a project published (sources: /work/shared/reference/anchors_weight_sync.md §0.1 and
-anchors_field_2026.md, which cite the PR, README or post), the bytes it moved (bf16 or FP8 as that system moved
-them, enumerated from the model's config by labkit.lab.roofline.tensors), the bound of the transport it used
-on its hardware (labkit.lab.roofline.bounds.bound) and the fraction of its limit = bound / published time (for a
-system that published a rate: rate / the link's rate). Where the publication leaves a layout open, the row
-picks the assumption that makes the bound smallest (the most generous to the system) and says so.
+Each row is a number a project published (its `source` names the PR, README or post, and the section of labkit's
+reference notes, anchors_weight_sync.md or anchors_field_2026.md, that quotes it), the bytes it moved (bf16 or
+FP8 as that system moved them, enumerated from the model's config by labkit.lab.roofline.tensors), the bound of
+the transport it used on its hardware (labkit.lab.roofline.bounds.bound) and the fraction of its limit = bound /
+published time (for a system that published a rate: rate / the link's rate). Where the publication leaves a
+layout open, the row picks the assumption that makes the bound smallest (the most generous to the system) and
+says so.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from labkit.config import check, check_choice
-from labkit.lab.roofline.bounds import GB, HardwareName, Layout, Transport, bound, fmt_seconds, hardware
+from labkit.lab.roofline.bounds import GB, HardwareName, Layout, Link, bound, fmt_seconds, hardware
 from labkit.lab.roofline.tensors import Weights, model_tensors
 
 
@@ -33,7 +34,7 @@ class Published:
     """The hardware as published (or 'not stated')."""
     mode: str
     """How it moved the weights, in the publication's words."""
-    transport: Transport
+    transport: Link
     """The roofline transport that matches the mode."""
     layout: Layout = field(default_factory=Layout)
     """Senders, receivers, engine cut, NICs per broadcast."""

@@ -1,17 +1,13 @@
 """Every tensor a sync moves, from a model's config.json alone: HF names, shapes and dtypes, no weights, no torch.
 
 The roofline (labkit.lab.roofline.bounds) needs what a sync of a real model would carry (bytes, tensor count, how the
-planner cuts it into buckets) without downloading it. HF checkpoint naming is what SGLang's loaders receive, one
-tensor per expert projection (transformers 5 fuses experts in memory; checkpoints and syncs do not), so tensor
-counts here are the counts a per-tensor or bucketed sync pays for.
-
-Families: deepseek_v3 (DeepSeek-V3, Kimi-K2, Moonlight: MLA with an optional q LoRA, first_k_dense_replace dense
-layers, routed + shared experts, the router's e_score_correction_bias, MTP layers as model.layers.{L+k}),
-qwen3_moe (q/k norm, experts on every decoder_sparse_step-th layer outside mlp_only_layers), qwen3, qwen2, llama
-and labkit's mimo (a Qwen2 trunk + model.mtp_layers.{i}, named as labkit.models.tiny writes them).
-`weights="fp8"` is DeepSeek's block FP8 as its checkpoints and FP8 rollouts hold it: every attention/MLP
-projection in e4m3 (1 byte) plus a float32 `weight_scale_inv` per 128x128 block; embeddings, head, norms and
-routers stay bf16. `count_buckets` cuts a list the way labkit's planner does, in one pass over ~140k tensors.
+planner cuts it into buckets) without downloading it. Names and shapes are labkit.models.naming's (the naming
+labkit's tiny checkpoints are written from, one tensor per expert projection as HF checkpoints and SGLang's
+loaders have them), so tensor counts here are the counts a per-tensor or bucketed sync pays for. This module adds
+what only a sync has: the dtype each tensor travels in and, for `weights="fp8"`, DeepSeek's block FP8 as its
+checkpoints and FP8 rollouts hold it: every attention/MLP projection in e4m3 (1 byte) plus a float32
+`weight_scale_inv` per 128x128 block; embeddings, head, norms and routers stay bf16. `count_buckets` is the
+length of labkit's planner's own plan (labkit.sync.plan.plan_buckets).
 """
 
 from __future__ import annotations
@@ -23,16 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Literal, get_args
 
-from labkit.config import check
-from labkit.engine.contract import plan_group
-from labkit.sync.plan import TensorMeta
+from labkit.models import naming
+from labkit.models.naming import ARCHITECTURES
 from labkit.models.real import REAL
+from labkit.sync.plan import TensorMeta, check_bucket_bytes, plan_buckets
 
-Architecture = Literal["deepseek_v3", "qwen3_moe", "qwen3", "qwen2", "llama", "mimo"]
 Weights = Literal["bf16", "fp8", "fp32"]
-ARCHITECTURES = get_args(Architecture)
 WEIGHTS = get_args(Weights)
-ALIASES = {"kimi_k2": "deepseek_v3"}  # Kimi-K2's config.json says kimi_k2 over DeepseekV3ForCausalLM
 LABKIT_SIZES = ("tiny", "quick", "bench")  # labkit.models.tiny.SIZES: the family labkit's benches sync
 FP8_BLOCK = 128
 _DTYPE = {"bf16": "bfloat16", "fp8": "bfloat16", "fp32": "float32"}
@@ -70,6 +63,14 @@ class ModelTensors:
     def expert_tensors(self) -> int:
         return sum(".mlp.experts." in t.name for t in self.tensors)
 
+    def buckets(self, bucket_bytes: int) -> int:
+        """`count_buckets` of these tensors, planned once per bucket size (every row of a table asks again)."""
+        check_bucket_bytes(bucket_bytes)
+        planned = self.__dict__.setdefault("_buckets", {})  # frozen: filled like a cached_property
+        if bucket_bytes not in planned:
+            planned[bucket_bytes] = count_buckets(self.tensors, bucket_bytes)
+        return planned[bucket_bytes]
+
 
 def names() -> tuple[str, ...]:
     """The model names `model_tensors` knows without a path."""
@@ -98,13 +99,11 @@ def load_config(model: str | Path | dict) -> tuple[str, dict]:
 
 def architecture(cfg: dict, where: str = "config") -> str:
     """The family a config's tensors are named by; a ValueError naming the model_type and the supported ones."""
-    if "DeepseekV3ForCausalLM" in (cfg.get("architectures") or ()):
-        return "deepseek_v3"
-    mt = ALIASES.get(cfg.get("model_type"), cfg.get("model_type"))
-    if mt not in ARCHITECTURES:
+    arch = naming.architecture(cfg)
+    if arch is None:
         raise ValueError(f"model_type={cfg.get('model_type')!r} in {where} is not supported by the roofline: "
                          f"expected one of {', '.join(ARCHITECTURES)} (or kimi_k2)")
-    return mt
+    return arch
 
 
 def model_tensors(model: str | Path | dict, weights: Weights = "bf16", mtp: bool = True) -> ModelTensors:
@@ -127,7 +126,7 @@ def _enumerate(model: str | Path | dict, weights: str, mtp: bool) -> ModelTensor
     label, cfg = load_config(model)
     arch = architecture(cfg, label)
     n_mtp = int(cfg.get("num_nextn_predict_layers") or 0) if mtp else 0
-    shapes = _deepseek(cfg, n_mtp) if arch == "deepseek_v3" else _dense_family(cfg, arch, n_mtp)
+    shapes = naming.hf_tensors(cfg, n_mtp)
     return ModelTensors(label, arch, weights, n_mtp, tuple(_typed(shapes, weights)))
 
 
@@ -145,139 +144,15 @@ def _quantized(name: str, shape: tuple[int, ...]) -> bool:
     return len(shape) == 2 and name.endswith("_proj.weight") and (".self_attn." in name or ".mlp." in name)
 
 
-def _head_dim(c: dict) -> int:
-    return int(c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
-
-
-def _gqa(p: str, c: dict, bias: bool, qk_norm: bool) -> list:
-    h, hd = c["hidden_size"], _head_dim(c)
-    q, kv = c["num_attention_heads"] * hd, c.get("num_key_value_heads", c["num_attention_heads"]) * hd
-    out = []
-    for proj, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
-        out.append((f"{p}.self_attn.{proj}.weight", (rows, h)))
-        if bias:
-            out.append((f"{p}.self_attn.{proj}.bias", (rows,)))
-    out.append((f"{p}.self_attn.o_proj.weight", (h, q)))
-    if qk_norm:
-        out += [(f"{p}.self_attn.q_norm.weight", (hd,)), (f"{p}.self_attn.k_norm.weight", (hd,))]
-    return out
-
-
-def _mlp(p: str, h: int, ffn: int) -> list:
-    return [(f"{p}.gate_proj.weight", (ffn, h)), (f"{p}.up_proj.weight", (ffn, h)), (f"{p}.down_proj.weight", (h, ffn))]
-
-
-def _experts(p: str, h: int, ffn: int, n: int) -> list:
-    return [x for j in range(n) for x in _mlp(f"{p}.mlp.experts.{j}", h, ffn)]
-
-
-def _dense_family(c: dict, arch: str, n_mtp: int) -> list:
-    """qwen2 / llama / qwen3 / qwen3_moe / mimo, in the order labkit.models.tiny writes a MiMo checkpoint."""
-    h, bias = c["hidden_size"], c.get("attention_bias", arch in ("qwen2", "mimo"))
-    qk_norm = arch in ("qwen3", "qwen3_moe")
-
-    def layer(p: str, i: int) -> list:
-        out = [(f"{p}.input_layernorm.weight", (h,)), *_gqa(p, c, bias, qk_norm),
-               (f"{p}.post_attention_layernorm.weight", (h,))]
-        if arch == "qwen3_moe" and _qwen_sparse(c, i):
-            return out + [(f"{p}.mlp.gate.weight", (c["num_experts"], h)),
-                          *_experts(p, h, c["moe_intermediate_size"], c["num_experts"])]
-        return out + _mlp(f"{p}.mlp", h, c["intermediate_size"])
-
-    out = [("model.embed_tokens.weight", (c["vocab_size"], h))]
-    for i in range(c["num_hidden_layers"]):
-        out += layer(f"model.layers.{i}", i)
-    out.append(("model.norm.weight", (h,)))
-    if not c.get("tie_word_embeddings", False):
-        out.append(("lm_head.weight", (c["vocab_size"], h)))
-    if arch == "mimo":
-        for i in range(n_mtp):
-            p = f"model.mtp_layers.{i}"
-            out += [(f"{p}.token_layernorm.weight", (h,)), (f"{p}.hidden_layernorm.weight", (h,)),
-                    (f"{p}.input_proj.weight", (h, 2 * h)), (f"{p}.final_layernorm.weight", (h,)), *layer(p, 0)]
-    return out
-
-
-def _qwen_sparse(c: dict, i: int) -> bool:
-    step = int(c.get("decoder_sparse_step", 1) or 1)
-    return c.get("num_experts", 0) > 0 and i not in (c.get("mlp_only_layers") or ()) and (i + 1) % step == 0
-
-
-def _mla(p: str, c: dict) -> list:
-    h, heads, rope = c["hidden_size"], c["num_attention_heads"], c["qk_rope_head_dim"]
-    qk, kvl = c["qk_nope_head_dim"] + rope, c["kv_lora_rank"]
-    a = f"{p}.self_attn"
-    if c.get("q_lora_rank"):
-        ql = c["q_lora_rank"]
-        out = [(f"{a}.q_a_proj.weight", (ql, h)), (f"{a}.q_a_layernorm.weight", (ql,)),
-               (f"{a}.q_b_proj.weight", (heads * qk, ql))]
-    else:
-        out = [(f"{a}.q_proj.weight", (heads * qk, h))]
-    return out + [(f"{a}.kv_a_proj_with_mqa.weight", (kvl + rope, h)), (f"{a}.kv_a_layernorm.weight", (kvl,)),
-                  (f"{a}.kv_b_proj.weight", (heads * (c["qk_nope_head_dim"] + c["v_head_dim"]), kvl)),
-                  (f"{a}.o_proj.weight", (h, heads * c["v_head_dim"]))]
-
-
-def _deepseek_layer(p: str, c: dict, i: int) -> list:
-    h, n = c["hidden_size"], c.get("n_routed_experts") or 0
-    out = [(f"{p}.input_layernorm.weight", (h,)), *_mla(p, c), (f"{p}.post_attention_layernorm.weight", (h,))]
-    if not (n and i >= c.get("first_k_dense_replace", 0) and i % int(c.get("moe_layer_freq", 1) or 1) == 0):
-        return out + _mlp(f"{p}.mlp", h, c["intermediate_size"])
-    out.append((f"{p}.mlp.gate.weight", (n, h)))
-    if c.get("topk_method") == "noaux_tc":
-        out.append((f"{p}.mlp.gate.e_score_correction_bias", (n,)))
-    out += _experts(p, h, c["moe_intermediate_size"], n)
-    if c.get("n_shared_experts"):
-        out += _mlp(f"{p}.mlp.shared_experts", h, c["moe_intermediate_size"] * c["n_shared_experts"])
-    return out
-
-
-def _deepseek(c: dict, n_mtp: int) -> list:
-    """DeepSeek-V3 checkpoint naming; MTP layer k is model.layers.{L+k} with its own embedding and head copy."""
-    h, v, layers = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"]
-    out = [("model.embed_tokens.weight", (v, h))]
-    for i in range(layers):
-        out += _deepseek_layer(f"model.layers.{i}", c, i)
-    out.append(("model.norm.weight", (h,)))
-    if not c.get("tie_word_embeddings", False):
-        out.append(("lm_head.weight", (v, h)))
-    for k in range(n_mtp):
-        p = f"model.layers.{layers + k}"
-        out += [(f"{p}.embed_tokens.weight", (v, h)), (f"{p}.enorm.weight", (h,)), (f"{p}.hnorm.weight", (h,)),
-                (f"{p}.eh_proj.weight", (h, 2 * h)), *_deepseek_layer(p, c, layers + k),
-                (f"{p}.shared_head.norm.weight", (h,)), (f"{p}.shared_head.head.weight", (v, h))]
-    return out
-
-
 def count_buckets(tensors: Iterable[TensorMeta], bucket_bytes: int) -> int:
-    """How many buckets labkit's planner (labkit.sync.plan.plan_buckets) cuts `tensors` into, in one pass:
-    the same greedy, order-preserving packing of fused groups, a group larger than a bucket alone."""
-    check(isinstance(bucket_bytes, int) and not isinstance(bucket_bytes, bool) and bucket_bytes > 0,
-          "bucket_bytes", bucket_bytes, "a positive integer number of bytes")
-    sizes: dict[str, int] = {}
-    seen: set[str] = set()
-    for t in tensors:
-        if t.name not in seen:  # duplicates are dropped, as the planner drops them
-            seen.add(t.name)
-            key = plan_group(t.name)
-            sizes[key] = sizes.get(key, 0) + t.nbytes
-    n, held, cur = 0, False, 0
-    for size in sizes.values():
-        if size > bucket_bytes:
-            n, held, cur = n + held + 1, False, 0
-        elif held and cur + size > bucket_bytes:
-            n, cur = n + 1, size
-        else:
-            held, cur = True, cur + size
-    return n + held
+    """How many buckets labkit's planner cuts `tensors` into: the length of labkit.sync.plan.plan_buckets' plan,
+    so every rule of the planner (fused groups kept whole, a group larger than a bucket alone, duplicates
+    dropped) holds here by construction."""
+    return len(plan_buckets(tensors, bucket_bytes).buckets)
 
 
 def largest_group_bytes(tensors: Iterable[TensorMeta]) -> int:
     """The largest fused group (the planner keeps one in one bucket): buckets smaller than it hold oversize
-    groups that travel alone in fresh buffers, a cost of another kind than a bucket's."""
-    sizes: dict[str, int] = {}
-    for t in {t.name: t for t in tensors}.values():
-        key = plan_group(t.name)
-        sizes[key] = sizes.get(key, 0) + t.nbytes
-    return max(sizes.values(), default=0)
-
+    groups that travel alone in fresh buffers, a cost of another kind than a bucket's. With 1-byte buckets the
+    planner puts every group of more than one byte in a bucket of its own, so its largest bucket is this."""
+    return plan_buckets(tensors, 1).largest_bucket_bytes

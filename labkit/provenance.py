@@ -1,0 +1,100 @@
+"""What made a stored run: the code (commit, and whether the tree differed from it), when, on what machine, with
+which libraries. Every `--out` file carries it (`labkit.cli.output.write_run`), and `labkit report --check` refuses a
+table made from a run without it or from a dirty tree, so "same code", "this box" and "re-run at the current
+commit" can be checked from the file alone.
+
+Light on purpose: no torch, Ray or SGLang import (the versions come from the installed distributions' metadata, a
+GPU's name from torch only when the run already imported it), so `--out` costs nothing a run would notice.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DISTRIBUTIONS = ("torch", "sglang", "megatron-core", "mbridge", "ray", "transformers")
+# Files whose changes do not change what a run measures: the stored runs themselves and the prose around them.
+NOT_CODE = (":(exclude)data", ":(exclude)docs", ":(exclude)*.md")
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def code_state() -> dict:
+    """`commit` (None outside a git checkout) and `dirty`: a tracked file outside data/, docs/ and *.md differs
+    from the commit, so the commit alone does not say what ran."""
+    commit = _git("rev-parse", "HEAD")
+    changed = _git("status", "--porcelain", "--untracked-files=no", "--", ".", *NOT_CODE)
+    return {"commit": commit, "dirty": None if changed is None else bool(changed)}
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def host() -> dict:
+    """The machine: name, CPU model, cores, memory, and GPUs where torch is loaded and sees some."""
+    import psutil
+
+    gpus: list[str] = []
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return {"name": platform.node(), "cpu_model": _cpu_model(), "cores": os.cpu_count(),
+            "memory_gib": round(psutil.virtual_memory().total / 2**30, 1), "gpus": gpus}
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version()}
+    for dist in DISTRIBUTIONS:
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    try:
+        out["labkit"] = metadata.version("labkit")
+    except metadata.PackageNotFoundError:
+        out["labkit"] = None
+    return out
+
+
+def collect(config: dict | None = None, seeds: dict | list | None = None) -> dict:
+    """The provenance block of a stored run: code state, UTC date, host, versions, and what the caller passes
+    (the run's full config, the seeds it used)."""
+    out = {**code_state(), "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "host": host(), "versions": versions()}
+    if config is not None:
+        out["config"] = config
+    if seeds is not None:
+        out["seeds"] = seeds
+    return out
+
+
+def problems(run: dict) -> list[str]:
+    """Why a stored run cannot back a published table: no provenance, no commit, or a dirty tree."""
+    p = run.get("provenance")
+    if not isinstance(p, dict):
+        return ["no provenance"]
+    out = []
+    if not p.get("commit"):
+        out.append("no commit")
+    if p.get("dirty") is not False:
+        out.append("made from a dirty tree" if p.get("dirty") else "tree state unknown")
+    return out
