@@ -38,12 +38,18 @@ def _wait_for_device() -> None:
         torch.cuda.synchronize()
 
 
+MAX_PLANS = 4  # plans a Syncer keeps (each a few tensors' metadata; buffers are not kept per plan)
+
+
 class Syncer:
     """Holds the replayed plan and the reusable buffers of one trainer rank across syncs."""
 
     def __init__(self):
-        self.plan: Plan | None = None
-        self.plan_key: tuple | None = None  # (bucket bytes, engine dtype) the plan was made for
+        self.plan: Plan | None = None  # the last sync's plan
+        # (bucket bytes, engine dtype) -> plan, the most recently used last: a trainer that alternates between
+        # transports or bucket sizes (per-tensor and bucketed in one bench, a tuner's trials) replays each plan
+        # instead of listing the export and planning again on every switch
+        self.plans: dict[tuple, Plan] = {}
         self.pool: bk.BufferPool | None = None
         self.delta: DeltaState | None = None
         self.maps = Mappings()  # transport="direct": the engine's parameter files, mapped once (none until then)
@@ -104,20 +110,23 @@ class Syncer:
         # One trainer may sync engines serving different dtypes: a plan is replayed for the same bucket size
         # and engine dtype only (a bf16 engine refused an fp32 plan replayed from an fp32 engine's syncs).
         key = (bucket_bytes, engine_spec and engine_spec.get("dtype"))
-        replan = self.plan is None or self.plan_key != key
+        replan = key not in self.plans
         if replan:
             named_iter = list(named_iter)  # first sync: learn the tensor list, then replay the plan
             s.phases["gather"] += time.perf_counter() - s.t_start
         t_setup = time.perf_counter()  # plan, validation, buffers, transport: paid in full on a first sync
         if replan:
-            self.plan, self.plan_key = make_plan(metas_of(named_iter), cfg, key[1]), key
-            self.pool = None
+            self.plans[key] = make_plan(metas_of(named_iter), cfg, key[1])
+            while len(self.plans) > MAX_PLANS:
+                self.plans.pop(next(iter(self.plans)))
+        self.plans[key] = self.plan = self.plans.pop(key)  # most recently used last
         s.plan, s.cold = self.plan, replan
         try:  # before the first byte moves
             s.unverified = check_coverage(s.plan, None if engine_spec is None else engine_spec["tensors"], exclude,
                                           len(excluded))
         except ValueError:
-            self.plan = None  # a bad plan is not replayed: the next sync lists the export again
+            self.plans.pop(key, None)  # a bad plan is not replayed: the next sync lists the export again
+            self.plan = None
             raise
         self._buffers(s)
         if not cfg.delta and self.delta is not None:  # delta off: its copy of the engine is host memory for nothing
@@ -143,7 +152,9 @@ class Syncer:
             torch.multiprocessing.set_sharing_strategy("file_system")
         normal = max((b.nbytes for b in s.plan.buckets if not b.oversize), default=1)
         flat = s.cfg.transport not in ("per-tensor", "direct")
-        if flat and (self.pool is None or self.pool.nbytes < normal):
+        if flat and (self.pool is None or self.pool.nbytes != normal):  # sized to the plan: no larger pool kept
+            if self.pool is not None:
+                self.pool.close()
             self.pool = bk.BufferPool(normal, device=s.device, shared=s.cfg.transport == "colocated")
             s.cold = True
         # Memory the sync adds: the reusable flat buffers (or, per tensor and direct, one cast copy in flight).

@@ -84,3 +84,19 @@ def test_a_failed_sync_aborts_every_hook_and_keeps_the_original_error(transport,
     assert counting.aborted and not counting.finished
     assert not stage.exists()  # the unfinished copy is removed, never mistaken for a rollback source
     assert "end_weight_update" in engine.calls and "set_weight_version" not in engine.calls
+
+
+def test_alternating_transports_replay_each_plan_and_the_pool_is_sized_to_the_plan():
+    """A bench that interleaves per-tensor and bucketed syncs (or a tuner's trials) replays each plan: only the
+    first sync of each (bucket size, dtype) is cold, and the pool matches the plan it serves."""
+    syncer, engine = Syncer(), Recorder()
+    cold = []
+    for transport in ("per-tensor", "colocated", "per-tensor", "colocated", "per-tensor"):
+        m = syncer.run(_export(), engine, SyncConfig(**{**CFG, "transport": transport}), _spec())
+        cold.append(m["sync/cold"])
+        assert m["sync/verified"] is True
+    assert cold == [True, True, False, False, False]
+    bucketed = next(p for (size, _), p in syncer.plans.items() if size != 1)
+    assert len(syncer.plans) == 2 and syncer.pool.nbytes == max(b.nbytes for b in bucketed.buckets if not b.oversize)
+    m = syncer.run(_export(), engine, SyncConfig(**{**CFG, "bucket_mb": 0.001}), _spec())  # a larger bucket
+    assert m["sync/cold"] is True and syncer.pool.nbytes == max(b.nbytes for b in syncer.plan.buckets if not b.oversize)
