@@ -11,15 +11,16 @@
 #
 # Small buckets pay a per-bucket cost (on a GPU one engine call each); large ones lose the pack/load overlap and
 # cost memory (two buckets are in flight, so the budget admits buckets up to half of it). On a GPU the two meet
-# in a U. On the CPU default a colocated sync is one engine call (`labkit.engine.inside.ring`), so the curve falls only
-# while tensors larger than a bucket travel alone, then stays flat within noise (16 to 256 MiB buckets of the
-# 303 MB `bench` model, `data/notebook04_bench_cpu.json`): there any size under the budget will do. We sweep log-spaced sizes under the budget with real syncs, let the autotuner (a discrete
-# golden-section search) pick one in a few trials, then sync once more at the chosen size and verify it.
+# in a U. On the CPU default a colocated sync is one engine call (`labkit.engine.inside.ring`), so the curve
+# falls only while tensors larger than a bucket travel alone, then stays flat within noise (16 to 256 MiB buckets
+# of the 303 MB `bench` model, `data/notebook04_bench_cpu.json`): there any size under the budget will do. We
+# sweep log-spaced sizes under the budget with real syncs, let the autotuner (a discrete golden-section search)
+# pick one in a few trials, then sync once more at the chosen size and verify it.
 #
-# The tuned quantity is the **weight-moving time** (`timing/sync/weight_moving`): a sync's wall time minus
-# verification, one-off setup (plan, buffers) and the session's fixed calls (begin/end, cache flush, version
-# tag), which do not depend on the bucket size. `labkit tune` measures it with the same function
-# (`labkit.lab.bench.sync.sync_measure`), so the notebook and the command pick the same size for the same model.
+# The tuned quantity is the **transport-only time** (`timing/sync/transport_only`): a warm sync's wall time less
+# verification, without the atomic guard, with the per-sync costs every warm sync pays (plan replay, session
+# calls) counted. `labkit tune` measures it with the same function (`labkit.lab.bench.sync.sync_measure`), so
+# the notebook and the command pick the same size for the same model.
 # `tune/pick_vs_sweep_best` is the sweep's time at the tuner's pick over the sweep's best (1.0: it found the best).
 #
 # The default model is `quick` (16 MB, the tiny family scaled up, random weights): on the shipped 2.5 MB
@@ -84,7 +85,7 @@ nb.record({"tune/metric": bench.TUNED_KEY, "tune/best_bucket_bytes": best["best_
 
 # %%
 nb.show(viz.bucket_sweep(curve, best["best_bucket_bytes"], int(MEMORY_BUDGET_MB * MB), best["trials"],
-                         title=f"Bucket size ({TRANSPORT}): weight-moving time and memory"), name="bucket_sweep",
+                         title=f"Bucket size ({TRANSPORT}): transport-only time and memory"), name="bucket_sweep",
         interactive=INTERACTIVE)
 
 # %%

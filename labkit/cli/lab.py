@@ -170,7 +170,10 @@ def cmd_bench(args) -> int:
         out = bench.bench_sync(spec, bucket_mb=args.bucket_mb or 32.0, reps=args.reps, progress=not args.json)
     write_run(out, args.out)
     emit(out, args.json)
-    return 0
+    # a bench whose timed syncs did not all land bitwise measured something else: it fails
+    ok = out["bench/delta/verified"] if args.what == "delta" else \
+        out["bench/verified"] is True and out["bench/transport_only_verified"] is True
+    return 0 if ok else 1
 
 
 def cmd_serve_sync(args) -> int:

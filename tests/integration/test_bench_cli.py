@@ -28,6 +28,11 @@ def test_bench_sync_cli_prints_the_metric_keys():
     for k in BENCH_KEYS:
         assert k in m, k
     assert m["bench/verified"] is True and m["bench/engine_tensors_changed"] > 0  # trained between syncs
+    assert m["bench/transport_only_verified"] is True  # every timed sync checked against the export after it
+    for t in ("per-tensor", "colocated", "distributed", "direct"):  # this box's bound, measured in the same run
+        assert 0 < m[f"bench/bound_seconds/{t}"] < m[f"bench/bound_seconds/{t}_end_to_end"]
+        assert 0 < m[f"bench/of_bound/{t}"] and 0 < m[f"bench/of_bound/{t}_end_to_end"]
+    assert m["bench/memcpy_gbps"] == max(m["bench/memcpy_gbps_samples"]) and m["bench/gloo_gbps"] > 0
     for t in ("per-tensor", "colocated", "distributed"):  # end to end beside transport-only, equal repetitions
         assert m[f"bench/end_to_end_seconds/{t}"] > 0 and len(m[f"bench/end_to_end_seconds_all/{t}"]) == 1
     assert m["bench/speedup_end_to_end"] > 0 and m["bench/apply_path"] == "copy_plan"
@@ -46,7 +51,7 @@ def test_tune_cli_sweeps_under_budget_and_autotunes():
     sizes = [c["bucket_bytes"] for c in m["tune/curve"]]
     assert sizes == sorted(sizes) and max(sizes) * 2 <= 16 << 20 and len(sizes) == 5
     assert m["tune/trials"] <= 3 and m["tune/best_bucket_bytes"] in sizes
-    assert m["tune/metric"] == "timing/sync/weight_moving"  # the quantity notebook 04 tunes too
+    assert m["tune/metric"] == "timing/sync/transport_only"  # the quantity notebook 04 tunes too
 
 
 @pytest.mark.parametrize("args,match", [

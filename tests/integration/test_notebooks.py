@@ -89,7 +89,7 @@ def test_04_bucket_sweep_and_autotune(out_root):
     sizes = [r["bucket_bytes"] for r in m["tune/curve"]]
     assert len(sizes) == m["tune/sizes"] >= 3 and max(sizes) * 2 <= 1 << 20  # budget admits <= half of it
     assert m["tune/best_bucket_bytes"] in sizes and 1 <= m["tune/trials"] <= 2
-    assert m["tune/metric"] == "timing/sync/weight_moving"  # the quantity `labkit tune` minimises too
+    assert m["tune/metric"] == "timing/sync/transport_only"  # the quantity `labkit tune` minimises too
     assert m["sync/verified"] is True and m["sync/bucket_bytes"] == m["tune/best_bucket_bytes"]
     d, nb = _outputs(m, "04_bucket_tuning")
     assert _has_plotly(nb) and (d / "bucket_sweep.html").exists() and (d / "sync_phases_by_bucket.html").exists()

@@ -124,13 +124,19 @@ def test_bench_verdict_fails_when_the_engine_did_not_change_or_a_sync_did_not_ve
     assert verdict([], before, {"a": "09"})["bench/verified"] is False
 
 
-def test_bench_reference_is_the_fastest_memcpy_sample_and_keeps_them_all():
-    from labkit.lab.bench.sync import reference
+def test_bench_references_are_the_best_samples_and_bounds_follow_the_rates():
+    from labkit.lab.bench.reference import bounds
+    from labkit.lab.bench.sync_summary import references
 
-    out = reference([14.02, 19.13, 17.5])
-    assert out == {"bench/memcpy_gbps": 19.13, "bench/memcpy_gbps_samples": [14.02, 19.13, 17.5]}
-    with pytest.raises(ValueError, match="no samples"):
-        reference([])
+    rates = [{"memcpy_gbps": 14.0, "two_copies_gbps": 5.0, "hash_gbps": 9.0},
+             {"memcpy_gbps": 19.0, "two_copies_gbps": 6.0, "hash_gbps": 8.0}]
+    out = references(rates, {"gloo_gbps": 3.0, "samples_s": [0.1, 0.2]})
+    assert out["bench/memcpy_gbps"] == 19.0 and out["bench/memcpy_gbps_samples"] == [14.0, 19.0]
+    assert out["bench/two_copies_gbps"] == 6.0 and out["bench/hash_gbps"] == 9.0 and out["bench/gloo_gbps"] == 3.0
+    b = bounds(6_000_000_000, {"memcpy_gbps": 20.0, "two_copies_gbps": 6.0, "hash_gbps": 10.0, "gloo_gbps": 3.0})
+    assert b["transport_only"] == pytest.approx({"per-tensor": 1.0, "colocated": 1.0, "direct": 0.3,
+                                                 "distributed": 2.0})  # two copies; one copy; the wire
+    assert b["end_to_end"]["colocated"] == pytest.approx(1.6)  # plus one hash pass of the model
 
 
 def _delta(old: dict, new: dict):

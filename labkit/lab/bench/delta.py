@@ -24,7 +24,7 @@ from labkit.engine.config import EngineConfig
 from labkit.models.tiny import BENCH_SPEC
 from labkit.sync.config import SyncConfig
 from labkit.workbench.core import FINETUNE, Workbench
-from labkit.lab.bench.sync import bench_model_dir, verdict, weight_moving_seconds
+from labkit.lab.bench.sync import bench_model_dir, transport_seconds, verdict
 
 DELTA_LR = 1e-5  # the issue's step size; RL post-training runs 1e-6..1e-5
 DELTA_TRANSPORTS = ("colocated", "distributed")  # the transports that carry a delta
@@ -80,7 +80,7 @@ def _timed(wb, cfg: SyncConfig) -> dict:
 def _summary(t: str, arms: dict[str, list[dict]]) -> dict:
     """Medians over the timed syncs of each arm (index 0 is the warm-up / anchor)."""
     med = {arm: {k: statistics.median(f(m) for m in ms[1:]) for k, f in
-                 (("wall", lambda m: m["bench/wall"]), ("moving", weight_moving_seconds),
+                 (("wall", lambda m: m["bench/wall"]), ("moving", transport_seconds),
                   ("wire", lambda m: m["sync/wire_bytes"]), ("changed", lambda m: m.get("sync/changed_fraction", 1.0)))}
            for arm, ms in arms.items() if arm in ("full", "delta")}
     full, delta = med["full"], med["delta"]

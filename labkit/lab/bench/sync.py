@@ -1,9 +1,16 @@
 """`labkit bench sync` and `labkit tune`: sync speed and memory on a model big enough to matter on a CPU box.
 
-All ratios are measured in the same run: the per-tensor baseline (verl before PR #2418), the bucketed
-transports, and a plain memory copy of the same bytes as the physical reference. Two numbers per transport:
-transport-only (the weight-moving time, what bucket size and transport change) and end to end (what a caller of
-`sync()` waits for, atomic guard and verification included): a headline over the first alone flatters.
+Every figure is measured in the same run as its references: the per-tensor baseline (verl before PR #2418), the
+bucketed transports, the one-copy `direct`, and what this box allows (labkit.lab.bench.reference: copies, a hash
+and a loopback broadcast timed in the trainer's own process). Two numbers per transport:
+- transport-only (`transport_seconds`): a warm sync without verification and without the atomic guard, every
+  per-sync cost included (plan replay, buffers, the session's begin/end calls, the version tag); after each one,
+  outside the timer, the engine's checksums are compared with the trainer's export, and a timed sync that does not
+  match fails the bench (`bench/transport_only_verified`). Without the guard the colocated transport packs into a
+  /dev/shm pool, not into the guard's staging file: a path of its own, named in `bench/paths`;
+- end to end: what a caller of `sync()` waits for with the defaults (atomic guard, checksum verification).
+A headline over the first alone flatters. Transports are interleaved, the order rotated each round; medians are
+what the tables show, best and every sample are stored beside them.
 """
 
 from __future__ import annotations
@@ -12,61 +19,42 @@ import time
 from pathlib import Path
 
 from labkit.config import ModelSpec
+from labkit.lab.bench import reference
+from labkit.lab.bench.sync_summary import summary
 from labkit.models.families import model_dir_for
 from labkit.models.tiny import BENCH_SPEC, QUICK_SPEC, make_tiny_mimo  # noqa: F401 (the CLI's names)
 from labkit.sync import tune as tn
 from labkit.sync.config import MB, SyncConfig
 from labkit.workbench.core import Workbench
 
+TRANSPORTS = ("per-tensor", "colocated", "distributed", "direct")
+TUNED_KEY = "timing/sync/transport_only"  # what bucket size changes; `labkit tune` and notebook 04 both tune it
+PATHS = {"transport_only": "atomic=False, verify='none': colocated packs into a /dev/shm pool, the others as below; "
+                           "each sync checked against the export afterwards, outside the timer",
+         "end_to_end": "the defaults (atomic guard, checksum verification): colocated packs into the guard's "
+                       "staging file, the rollback copy"}
 
 
-MEMCPY_MIN_BYTES = 256 << 20
+def transport_seconds(m: dict) -> float:
+    """A sync's wall time less its verification (none on a transport-only sync): setup and the session's calls
+    are paid on every warm sync, so they are in (tests/unit/test_tune.py shows a warm sync still pays them)."""
+    return m["timing/sync/total"] - m["timing/sync/verify"]
 
 
-def memcpy_gbps(nbytes: int, reps: int = 5) -> float:
-    """Best-of-`reps` copy of `nbytes` (at least `MEMCPY_MIN_BYTES`) between two preallocated CPU (or GPU) buffers.
-    The floor keeps it a memory-bandwidth reference: a copy of the 9 MB MoE preset fits in cache and reads
-    anything from cache speed to a cold miss, no reference at all."""
-    import torch
-
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    nbytes = max(nbytes, MEMCPY_MIN_BYTES)
-    src = torch.empty(nbytes, dtype=torch.uint8, device=dev).fill_(1)
-    dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(reps):
-        if dev == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        if dev == "cuda":
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - t0)
-    return nbytes / best / 1e9
-
-
-TUNED_KEY = "timing/sync/weight_moving"  # what bucket size changes; `labkit tune` and notebook 04 both tune it
-
-
-def weight_moving_seconds(m: dict) -> float:
-    """Weight-moving wall time of a warm sync: the sync minus verification, one-off setup (plan, buffers), and the
-    session's fixed calls (begin/end, prefix-cache flush, version tag), which are the same for every transport and
-    bucket size and reported on their own (bench/session_seconds). This is the quantity a bucket size changes."""
-    return (m["timing/sync/total"] - m["timing/sync/verify"] - m["timing/sync/session"]
-            - m.get("timing/sync/setup", 0.0))
-
-
-_seconds = weight_moving_seconds
+def rotated(items: tuple, k: int) -> tuple:
+    """`items` starting at index k (mod len): round k of an interleaved run, so no transport always goes first."""
+    k %= len(items)
+    return items[k:] + items[:k]
 
 
 def sync_measure(wb, transport: str = "colocated", repeats: int = 2, warmup: bool = True,
                  memory_budget_mb: float | None = None, keep: list | None = None):
     """`measure(bucket_bytes) -> {"seconds", "metric", "peak_extra_bytes"}` for `labkit.sync.tune`, from real syncs.
 
-    The one measure both tuners use (`labkit tune` and notebook 04 through `labkit.workbench.experiments`): two tuners
-    reading different quantities pick different sizes for the same model. "seconds" is the best of `repeats`
-    syncs' weight-moving time (`TUNED_KEY`, added to each sync's metrics), without verification and without the
-    atomic guard (its host copy and checksums are not the transport). The first sync at a new size re-plans and
+    The one measure both tuners use (`labkit tune` and notebook 04): two tuners reading different quantities
+    pick different sizes for the same model. "seconds" is the best of `repeats` syncs' transport-only time
+    (`TUNED_KEY`, `transport_seconds`, added to each sync's metrics), without verification and without the atomic
+    guard (its host copy and checksums are not the transport). The first sync at a new size re-plans and
     allocates its buffers, so `warmup` spends one unmeasured sync per size. The measured sync's full metrics are
     appended to `keep` when given (per-phase plots).
     """
@@ -77,7 +65,7 @@ def sync_measure(wb, transport: str = "colocated", repeats: int = 2, warmup: boo
             wb.sync(cfg)
         runs = [wb.sync(cfg) for _ in range(max(1, repeats))]
         for m in runs:
-            m[TUNED_KEY] = round(weight_moving_seconds(m), 6)
+            m[TUNED_KEY] = round(transport_seconds(m), 6)
         best = min(runs, key=lambda m: m[TUNED_KEY])
         if keep is not None:
             keep.append(best)
@@ -101,135 +89,80 @@ def _workbench(model: ModelSpec | str, workdir: str | Path):
 
 def bench_sync(spec: ModelSpec | str = BENCH_SPEC, bucket_mb: float = 32.0, reps: int = 3,
                workdir: str | Path = "runs/bench", progress: bool = True) -> dict:
-    """Per-tensor vs the bucketed transports and the one-copy `direct`, `reps` syncs each (equal per transport),
-    two ways:
-    - transport-only (`bench/<transport>_seconds`, GB/s, `_vs_memcpy`): the weight-moving time of syncs without
-      verification or the atomic guard (`weight_moving_seconds`);
-    - end to end (`bench/end_to_end_seconds/<transport>`): the wall time a caller of `Workbench.sync()` waits
-      with the defaults (atomic guard, checksum verification, session calls), and the share of it spent inside
-      the engine's apply call (`bench/engine_apply_share`: SGLang's update call, begin/end excluded), the cost
-      that grows with the tensor count (verl PR #6974: ~55 s of a 58 s MoE sync);
-    Transports run one after another, each warmed up first (what every RL step pays, not the one-off setup).
-    One training step precedes every timed sync, so each sync moves changed weights. `bench/verified` holds only
-    if every end-to-end sync verified bitwise and the engine's checksums then differ from before the run.
-    `bench/phases_end_to_end`: per transport, the phases of its fastest end-to-end sync (guard, rollback copy and
-    verification included; `wall` is what the caller waited), so where that time goes is stored with the run."""
+    """Per-tensor vs the bucketed transports and the one-copy `direct`, `reps` rounds of each, transport-only
+    and end to end (module docstring), with this box's references and bounds measured in the same run.
+
+    Unguarded syncs before guarded ones: an unguarded sync moves the engine past the guard's last good copy, and
+    the next guarded sync would read the whole model back first. Inside each block one warm-up per transport,
+    then `reps` rounds, each in a rotated order; the trainer keeps a plan per bucket size (labkit.sync.session),
+    so interleaving replays plans instead of re-planning. One training step precedes every timed sync, so each
+    moves changed weights. `bench/verified`: every timed sync matched the export (transport-only: checked after
+    it; end to end: its own verification) AND the engine's checksums moved over the run."""
     from tqdm.auto import tqdm
 
-    transports = ("per-tensor", "colocated", "distributed", "direct")
-    out: dict = {}
     with _workbench(spec, workdir) as wb:
-        out["bench/startup_s"] = wb.timings["timing/startup"]
-        fast = dict(bucket_mb=bucket_mb, verify="none", progress=False, atomic=False)
-        full = dict(bucket_mb=bucket_mb, progress=False)  # the defaults a caller of sync() gets
+        startup = wb.timings["timing/startup"]
         before = wb.engine.checksums()
-        bar = tqdm(total=len(transports) * (2 + 2 * reps), desc="bench sync", disable=not progress)
-        best: dict[str, dict] = {}
-        e2e: dict[str, list[float]] = {t: [] for t in transports}
-        apply: dict[str, list[float]] = {t: [] for t in transports}
-        e2e_runs: dict[str, dict] = {}  # the fastest end-to-end sync's metrics per transport: where its time went
-        verified = []
-        mem: list[float] = []  # the memcpy reference, sampled after each transport (`reference`)
-        # One transport at a time, as an RL loop runs one: a trainer keeps one plan, so alternating per-tensor
-        # (bucket = 1 tensor) and bucketed syncs would re-plan every time and time cold syncs only. Unguarded
-        # syncs before guarded ones: an unguarded sync moves the engine past the guard's last good copy, and the
-        # next guarded sync would read the whole model back first.
-        for t in transports:
-            for kw in (fast, full):
-                wb.sync(SyncConfig(transport=t, **kw))  # warm-up: plan, buffers, the engine's copy plan; guard
-                bar.update()
-                for _ in range(reps):
-                    wb.train(1, progress=False)
-                    t0 = time.perf_counter()
-                    m = wb.sync(SyncConfig(transport=t, **kw))
-                    wall = time.perf_counter() - t0
-                    if kw is full:
-                        e2e[t].append(wall)
-                        apply[t].append(m["timing/sync/load"] / wall)
-                        verified.append(m["sync/verified"] is True)
-                        if wall <= min(e2e[t]):
-                            e2e_runs[t] = m | {"timing/sync/wall": wall}
-                    elif t not in best or _seconds(m) < _seconds(best[t]):
-                        best[t] = m
-                    bar.update()
-            mem.append(memcpy_gbps(m["sync/bytes"]))
+        bar = tqdm(total=2 * len(TRANSPORTS) * (1 + reps), desc="bench sync", disable=not progress)
+        fast = _block(wb, dict(bucket_mb=bucket_mb, verify="none", progress=False, atomic=False), reps, bar, True)
+        full = _block(wb, dict(bucket_mb=bucket_mb, progress=False), reps, bar, False)
         bar.close()
         after = wb.engine.checksums()
-    out.update(reference(mem))
-    out.update(_summary(best, e2e, out["bench/memcpy_gbps"]))
-    out["bench/phases_end_to_end"] = {t: {k.removeprefix("timing/sync/"): round(v, 6) for k, v in m.items()
-                                          if k.startswith("timing/sync/")} for t, m in e2e_runs.items()}
-    out["bench/engine_apply_share"] = round(sum(apply["colocated"]) / len(apply["colocated"]), 4)
-    for t, shares in apply.items():
-        out[f"bench/engine_apply_share/{t}"] = round(sum(shares) / len(shares), 4)
-    out.update(verdict(verified, before, after))
+    nbytes = fast["syncs"]["colocated"][0]["sync/bytes"]
+    rates = fast["rates"] + full["rates"]
+    gloo = reference.gloo_gbps(nbytes)
+    out = {"bench/startup_s": startup, "bench/paths": PATHS,
+           "bench/order": f"interleaved, rotated each round ({reps} rounds per block); unguarded block first"}
+    out.update(summary(fast["syncs"], full["syncs"], rates, gloo, reference.bounds))
+    out.update(verdict(fast["checked"] + full["checked"], before, after))
+    out["bench/transport_only_verified"] = bool(fast["checked"]) and all(fast["checked"])
     return out
 
 
-def reference(samples: list[float]) -> dict:
-    """`bench/memcpy_gbps`: the fastest of the memcpy samples taken through the run (one after each transport, the
-    engine up and idle), with every sample beside it. One sample moves every `_vs_memcpy` ratio with it; the best
-    of several taken where the syncs ran is the steadier reference, and the higher one, so no ratio gains from a
-    slow sample. A two-copy path (pack, apply) is bounded by about half of it: two one-thread copies at once
-    against an every-core copy beside them is what scripts/memcpy_threads.py measures
-    (data/memcpy_threads_cpu.json)."""
-    if not samples:
-        raise ValueError("memcpy reference: no samples (the bench ran no transport)")
-    return {"bench/memcpy_gbps": round(max(samples), 4),
-            "bench/memcpy_gbps_samples": [round(g, 4) for g in samples]}
+def _block(wb, kw: dict, reps: int, bar, check: bool) -> dict:
+    """One warm-up per transport, then `reps` rotated rounds of timed syncs under `kw`; after each round the
+    trainer process's copy and hash rates (labkit.lab.bench.reference)."""
+    syncs: dict[str, list[dict]] = {t: [] for t in TRANSPORTS}
+    checked, rates = [], []
+    for t in TRANSPORTS:
+        wb.sync(SyncConfig(transport=t, **kw))  # plan, buffers, the engine's copy plan; the guard's first copy
+        bar.update()
+    for r in range(reps):
+        for t in rotated(TRANSPORTS, r):
+            wb.train(1, progress=False)
+            t0 = time.perf_counter()
+            m = wb.sync(SyncConfig(transport=t, **kw))
+            m["timing/sync/wall"] = time.perf_counter() - t0
+            checked.append(engine_matches_export(wb) if check else m["sync/verified"] is True)
+            syncs[t].append(m)
+            bar.update()
+        rates.append(reference.in_trainer(wb.trainer, m["sync/bytes"]))
+    return {"syncs": syncs, "checked": checked, "rates": rates}
+
+
+def engine_matches_export(wb) -> bool:
+    """The engine's checksums equal the trainer's export in the engine's layout and dtype (what a verified sync
+    checks, done here after the fact for a sync timed without verification)."""
+    from labkit.engine import checksum as ck
+    from labkit.engine.contract import ffn_padding
+    from labkit.sync import bucket as bk
+    from labkit.sync import verify as vf
+    from labkit.sync.spec import engine_spec
+
+    e = wb.engine
+    spec = engine_spec(e.cfg.model_dir, e.cfg.dtype, ffn_padding(e.device, e.tp_size))
+    dtype = bk.torch_dtype(spec["dtype"])
+    named = {n: t.to(dtype) for n, t in wb.trainer.export()}
+    expected = vf.expected_checksums(named, spec.get("ffn_pad", 1), spec.get("checksum", ck.DEFAULT))
+    return vf.compare(expected, e.checksums())["sync/verified"] is True
 
 
 def verdict(verified: list[bool], before: dict[str, str], after: dict[str, str]) -> dict:
-    """`bench/verified`: every end-to-end sync verified bitwise AND the engine's checksums moved. A sync of bytes
-    the engine already holds verifies trivially (the old bench never trained): that alone proves nothing."""
+    """`bench/verified`: every timed sync verified bitwise AND the engine's checksums moved. A sync of bytes the
+    engine already holds verifies trivially: that alone proves nothing."""
     changed = sum(after.get(n) != c for n, c in before.items())
     return {"bench/engine_tensors_changed": changed, "bench/engine_tensors": len(before),
             "bench/verified": bool(verified) and all(verified) and changed > 0}
-
-
-def _summary(best: dict[str, dict], e2e: dict[str, list[float]], mem: float) -> dict:
-    nbytes = best["colocated"]["sync/bytes"]
-    gbps = {t: nbytes / _seconds(m) / 1e9 for t, m in best.items()}
-    bucketed = min(_seconds(best["colocated"]), _seconds(best["distributed"]))
-    e2e_best = {t: min(v) for t, v in e2e.items()}
-    out = {
-        "bench/model_bytes": nbytes,
-        "bench/num_tensors": best["colocated"]["sync/num_tensors"],
-        "bench/bucket_bytes": best["colocated"]["sync/bucket_bytes"],
-        "bench/num_buckets": best["colocated"]["sync/num_buckets"],
-        "bench/largest_tensor_bytes": best["colocated"]["sync/largest_tensor_bytes"],
-        "bench/peak_extra_bytes": max(best["colocated"]["sync/peak_extra_bytes"],
-                                      best["distributed"]["sync/peak_extra_bytes"]),
-        "bench/session_seconds": round(best["colocated"]["timing/sync/session"], 4),
-        "bench/apply_path": best["colocated"]["sync/apply_path"],
-        "bench/speedup_bucketed_vs_per_tensor": round(_seconds(best["per-tensor"]) / bucketed, 2),
-        "bench/speedup_end_to_end": round(e2e_best["per-tensor"] / min(e2e_best["colocated"],
-                                                                       e2e_best["distributed"]), 2),
-        "bench/phases": {t: {k.removeprefix("timing/sync/"): v for k, v in m.items() if k.startswith("timing/sync/")}
-                         for t, m in best.items()},
-    }
-    for t, m in best.items():
-        key = t.replace("-", "_")
-        out[f"bench/{key}_seconds"] = round(_seconds(m), 4)
-        out[f"bench/{key}_gbps"] = round(gbps[t], 4)
-        out[f"bench/end_to_end_seconds/{t}"] = round(e2e_best[t], 4)
-        out[f"bench/apply_path/{t}"] = m["sync/apply_path"]
-        out[f"bench/end_to_end_seconds_all/{t}"] = [round(v, 4) for v in e2e[t]]
-        if t != "per-tensor":
-            out[f"bench/{key}_vs_memcpy"] = round(gbps[t] / mem, 4)
-    out["bench/colocated_vs_memcpy_end_to_end"] = round(nbytes / e2e_best["colocated"] / 1e9 / mem, 4)
-    if "direct" in best:  # one copy: the trainer writes into the engine's parameters (labkit.engine.inside.direct)
-        out["bench/direct_vs_memcpy_end_to_end"] = round(nbytes / e2e_best["direct"] / 1e9 / mem, 4)
-        out["bench/speedup_direct_vs_per_tensor"] = round(_seconds(best["per-tensor"]) / _seconds(best["direct"]), 2)
-        out["bench/speedup_end_to_end/direct"] = round(e2e_best["per-tensor"] / e2e_best["direct"], 2)
-    b, L = out["bench/bucket_bytes"], out["bench/largest_tensor_bytes"]
-    out["bench/peak_within_contract"] = out["bench/peak_extra_bytes"] <= 2 * b + L
-    # measured by the kernel (labkit.sync.memory) on the transport-only syncs (no guard: its host copy is its own)
-    measured = [best[t].get("sync/peak_extra_bytes_measured") for t in ("colocated", "distributed")]
-    if None not in measured:
-        out["bench/peak_extra_bytes_measured"] = max(measured)
-        out["bench/peak_measured_within_contract"] = max(measured) <= 2 * b + L
-    return out
 
 
 def tune(spec: ModelSpec | str = BENCH_SPEC, transport: str = "colocated", lo_mb: float = 0.5, hi_mb: float = 256.0,
@@ -237,7 +170,7 @@ def tune(spec: ModelSpec | str = BENCH_SPEC, transport: str = "colocated", lo_mb
          progress: bool = True) -> dict:
     """Sweep log-spaced bucket sizes under the memory budget, then let the autotuner find one in <= max_trials.
 
-    Both minimise the weight-moving time (`TUNED_KEY`, `sync_measure`), as notebook 04 does."""
+    Both minimise the transport-only time (`TUNED_KEY`, `sync_measure`), as notebook 04 does."""
     sizes = tn.candidates(int(lo_mb * MB), int(hi_mb * MB), int(memory_budget_mb * MB))
     with _workbench(spec, workdir) as wb:
         measure = sync_measure(wb, transport, repeats=2, memory_budget_mb=memory_budget_mb)

@@ -11,17 +11,37 @@ from labkit.lab.report.markdown import md_row as _row
 
 
 def bench_table(run: dict) -> list[str]:
-    head = ["transport", "transport-only (s)", "GB/s", "of a memcpy", "end to end (s)", "engine apply"]
+    """One `labkit bench sync` run. A run that stored this box's bounds (`bench/bound_seconds/...`) shows the
+    medians of its interleaved rounds and the fraction of each bound reached; an older run shows what it stored
+    (its best syncs, no bound), and says so."""
+    bounded = any(k.startswith("bench/bound_seconds/") for k in run)
+    head = ["transport", "transport-only (s)", "GB/s", "of a memcpy", *(["of this box's bound"] if bounded else []),
+            "end to end (s)", *(["of its bound"] if bounded else []), "engine apply"]
     lines = md_head(head)
     transports = [t for t in ("per-tensor", "colocated", "distributed", "direct")
                   if f"bench/{t.replace('-', '_')}_seconds" in run]
     for t in transports:
         key = t.replace("-", "_")
         apply = run.get(f"bench/apply_path/{t}", run["bench/apply_path"] if t == "colocated" else "load_weights")
+        bound = [f"{run[f'bench/of_bound/{t}']:.2f}"] if bounded else []
+        bound_e2e = [f"{run[f'bench/of_bound/{t}_end_to_end']:.2f}"] if bounded else []
         lines.append(_row([t, f"{run[f'bench/{key}_seconds']:.3f}", f"{run[f'bench/{key}_gbps']:.2f}",
-                           f"{run.get(f'bench/{key}_vs_memcpy', 0):.3f}" if t != "per-tensor" else "",
-                           f"{run[f'bench/end_to_end_seconds/{t}']:.3f}", apply]))
-    lines += ["", f"{run['bench/model_bytes'] / 1e6:.0f} MB, {run['bench/num_tensors']} tensors, "
+                           f"{run.get(f'bench/{key}_vs_memcpy', 0):.3f}" if t != "per-tensor" else "", *bound,
+                           f"{run[f'bench/end_to_end_seconds/{t}']:.3f}", *bound_e2e, apply]))
+    if bounded:
+        lines += ["", f"Medians of {len(run['bench/transport_seconds_all/colocated'])} interleaved rounds (order "
+                      "rotated each round; best and every sample in the file). Transport-only: a warm sync without "
+                      "verification or the atomic guard, setup and session calls included, each checked against "
+                      f"the export afterwards (`bench/transport_only_verified`: "
+                      f"{run['bench/transport_only_verified']}). This box, measured in the trainer's process in the "
+                      f"same run: memcpy {run['bench/memcpy_gbps']:.1f} GB/s, two concurrent one-thread copies "
+                      f"{run['bench/two_copies_gbps']:.1f} GB/s each, hash {run['bench/hash_gbps']:.1f} GB/s, gloo "
+                      f"loopback {run['bench/gloo_gbps']:.1f} GB/s; a bound is the time those rates allow "
+                      "(labkit.lab.bench.reference), 1.00 would be at it."]
+    else:
+        lines += ["", "Best of the run's syncs per transport; this run stored no bounds and timed transport-only as "
+                      "total less verification, setup and session (a definition labkit no longer uses)."]
+    lines += [f"{run['bench/model_bytes'] / 1e6:.0f} MB, {run['bench/num_tensors']} tensors, "
                   f"{run['bench/bucket_bytes'] >> 20} MiB buckets; memcpy {run['bench/memcpy_gbps']:.1f} GB/s "
                   "(a reference: pack + apply copy every byte twice, so about half of it is their limit, see "
                   "[What bounds these ratios](sync-speed.md#what-bounds-these-ratios); direct copies once). "
