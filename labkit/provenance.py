@@ -32,9 +32,11 @@ def _git(*args: str) -> str | None:
 
 
 def code_state() -> dict:
-    """`commit` (None outside a git checkout) and `dirty`: a tracked file outside data/, docs/ and *.md differs
-    from the commit, so the commit alone does not say what ran."""
+    """`commit` (outside a git checkout, LABKIT_COMMIT or None) and `dirty`: a tracked file outside data/, docs/
+    and *.md differs from the commit, so the commit alone does not say what ran (None: not known)."""
     commit = _git("rev-parse", "HEAD")
+    if commit is None:  # a tree that travelled without its .git (the device machine): the commit it was sent at
+        return {"commit": os.environ.get("LABKIT_COMMIT"), "dirty": None}
     changed = _git("status", "--porcelain", "--untracked-files=no", "--", ".", *NOT_CODE)
     return {"commit": commit, "dirty": None if changed is None else bool(changed)}
 

@@ -13,7 +13,7 @@ import os
 import sys
 
 from labkit.cli import experiments, lab, main_job, notebooks
-from labkit.cli.output import ARGS, COMMAND
+from labkit.cli.output import ARGS, COMMAND, STARTED, start
 from labkit.compat import quiet
 
 
@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     COMMAND[:] = argv
     ARGS.clear()
     ARGS.update({k: v for k, v in vars(args).items() if not callable(v)})
+    STARTED.clear()
+    if getattr(args, "out", None):
+        start()  # a stored run's provenance is the code as it started
     try:
         return args.fn(args)
     except (ValueError, FileNotFoundError) as e:

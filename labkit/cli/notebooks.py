@@ -8,7 +8,7 @@ import argparse
 import sys
 from dataclasses import dataclass
 
-from labkit.cli.output import Output, command, emit
+from labkit.cli.output import Output, command, emit, write_run
 from labkit.config import add_arguments, check
 from labkit.workbench import notebook as nbk
 
@@ -68,6 +68,7 @@ def cmd_check(args) -> int:
 def _run(args) -> int:
     params = {k: nbk.parse_value(v) for k, v in args.param}
     m = nbk.run(args.name, params, out_root=args.out_root, timeout=args.timeout, progress=not args.json)
+    write_run(m, args.out)
     _emit(m, args.json)
     if not args.json:
         print(f"\noutputs: {m['notebook/out_dir']}")
@@ -111,7 +112,7 @@ def add_commands(sub) -> None:
         d.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
                        help="a parameter; for sweep, exactly one VALUE is a comma list v1,v2,...")
         add_arguments(d, NotebookRunConfig, ("out_root", "timeout") + (("over", "save") if action == "sweep" else ()))
-        add_arguments(d, Output, ("json",))
+        add_arguments(d, Output, ("json", "out") if action == "run" else ("json",))
         d.set_defaults(fn=_guarded(run))
     actions.add_parser("list", help="the notebooks").set_defaults(fn=cmd_list)
     actions.add_parser("check", help="paired .py files in sync and outputs stripped").set_defaults(fn=cmd_check)

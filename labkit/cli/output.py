@@ -71,6 +71,7 @@ def emit(metrics: dict, as_json: bool, *, width: int = 32, skip: tuple[str, ...]
 
 COMMAND: list[str] = []  # this invocation's argv: a stored run says what made it
 ARGS: dict = {}  # every flag's value as parsed, defaults included: the run's full configuration
+STARTED: dict = {}  # the provenance taken as the command started (`start`): the code that ran, not the code at exit
 
 
 def command() -> str:
@@ -78,14 +79,21 @@ def command() -> str:
     return shlex.join(["labkit", *COMMAND])
 
 
+def start() -> None:
+    """Take the run's provenance now, before it runs: a file edited during a long run must not pass for what ran."""
+    from labkit import provenance
+
+    STARTED.clear()
+    STARTED.update(provenance.collect(config=dict(ARGS), seeds={k: v for k, v in ARGS.items() if "seed" in k}))
+
+
 def write_run(metrics: dict, path: str | None, *, indent: int = 2) -> None:
     """`--out PATH`: the run as JSON, led by the command that made it and its provenance (labkit.provenance:
     commit and dirty flag, date, host, versions, every flag's value and the seeds among them), so a stored run
     under data/ says what code on what machine made it."""
     if path:
-        from labkit import provenance
-
+        if not STARTED:
+            start()
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        seeds = {k: v for k, v in ARGS.items() if "seed" in k}
-        record = {"command": command(), "provenance": provenance.collect(config=dict(ARGS), seeds=seeds), **metrics}
+        record = {"command": command(), "provenance": dict(STARTED), **metrics}
         Path(path).write_text(json.dumps(record, indent=indent, default=str) + "\n")

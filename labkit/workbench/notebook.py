@@ -180,8 +180,11 @@ def sweep(name: str, key: str, values: list, params: dict | None = None, out_roo
             records.append(dict(row))
         rows.append(row)
     if save:
+        from labkit import provenance
+
         Path(save).parent.mkdir(parents=True, exist_ok=True)
-        Path(save).write_text(json.dumps({"command": command, "notebook": src.stem, "key": key, "values": values,
+        Path(save).write_text(json.dumps({"command": command, "provenance": provenance.collect(config=params or {}),
+                                          "notebook": src.stem, "key": key, "values": values,
                                           "params": params or {}, "rows": records}, indent=1, default=str))
     cols = list(dict.fromkeys(k for r in rows for k in r))
     with open(root / "summary.csv", "w", newline="") as f:

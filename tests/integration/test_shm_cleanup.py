@@ -105,7 +105,8 @@ def test_labkit_sync_colocated_leaves_dev_shm_as_it_found_it(tmp_path):
     m = json.loads(p.stdout.strip().splitlines()[-1])
     assert m["sync/verified"] is True and m["sync/num_buckets"] > 1  # the pool's buffers were used
     stored = json.loads((tmp_path / "run.json").read_text())  # `--out`: the run, led by the command that made it
-    assert stored.pop("command").startswith("labkit sync --transport colocated") and stored == m
+    assert stored.pop("command").startswith("labkit sync --transport colocated")
+    assert len(stored.pop("provenance")["commit"]) == 40 and stored == m  # what made it (labkit.provenance)
     assert watch.pids, "the pid watch saw none of the run's processes"
     _settle(watch.pids)
     left = _ours(_listing() - before, watch.pids)

@@ -9,6 +9,7 @@ import pytest
 from labkit.lab.report import generate as report
 from labkit.lab.report.markdown import md_cell, md_head, md_row
 from labkit.lab.report.mtp import mtp_table
+from labkit.mtp import stats
 
 FAULTS_RUN = {"command": "labkit faults --json", "faults/trials": 2, "faults/fired": 2, "faults/recovered": 2,
               "faults/half_updated": 0,
@@ -264,3 +265,26 @@ def test_the_serve_table_has_a_row_per_pause_mode_of_each_backend_the_servers_fi
                     "| http | in_place | refused by the atomic guard |  |  |  |  |  |  |",
                     "| actor | none: held by the handle | 10 | 9 | 0 | 3 | 0 | 0.12 | 0.50 |"]
     assert "Idle sync (no traffic): http 0.05 s, actor 0.05 s; `serve/ok`: False." in text
+
+
+def test_the_replication_table_applies_the_preregistered_analysis():
+    from labkit.lab.report.replication import replication_table
+
+    def run(frozen: dict, trained: dict, nested: bool = False) -> dict:
+        per_seed = [{"mtp/seed": s, "mtp/final_accept_rate_frozen": frozen[s],
+                     "mtp/final_accept_rate_trained": trained[s]} for s in frozen]
+        m = {"mtp/per_seed": per_seed, "mtp/diff_trained_frozen_mean": 0.125}
+        return {"metrics": m} if nested else m
+
+    base = run({0: 0.70, 1: 0.72, 2: 0.74}, {0: 0.82, 1: 0.85, 2: 0.86}, nested=True)
+    default = run({10: 0.71, 11: 0.73, 12: 0.70}, {10: 0.83, 11: 0.86, 12: 0.81})
+    slow = run({10: 0.71, 11: 0.73, 12: 0.70}, {10: 0.75, 11: 0.74, 12: 0.72})
+    lines = replication_table({"runs": [("mtp_replication_lr1x.json", slow), ("mtp_replication_default.json",
+                                                                              default)], "baseline": base})
+    rows = [line for line in lines if line.startswith("| replication")]
+    assert rows[0].startswith("| replication, defaults |") and "| 10,11,12 |" in rows[0]
+    assert "| yes | yes |" in rows[0]  # above 0; the original 0.125 inside the interval
+    assert rows[1].startswith("| replication, draft lr x1 |")
+    mean, ci = stats.paired([0.83, 0.86, 0.81], [0.71, 0.73, 0.70])
+    assert f"{mean:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]" in rows[0]
+    assert lines[-1].startswith("The draft lr ×5 over ×1") and "seed by seed: True" in lines[-1]

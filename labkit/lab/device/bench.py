@@ -121,8 +121,10 @@ def provenance(m: dict) -> dict:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             versions[dist] = None
+    from labkit import provenance as prov
+
     return {"commit": m.get("device/commit"), "host": m.get("device/host"), "device": m.get("device/name"),
-            "versions": versions}
+            "versions": versions, "provenance": prov.collect()}
 
 
 def commit() -> str | None:

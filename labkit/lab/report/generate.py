@@ -17,6 +17,7 @@ from labkit import provenance
 from labkit.lab.report.bench import bench_table, family_syncs_table, repeats_table
 from labkit.lab.report.device import device_table
 from labkit.lab.report.mtp import drafts_table, mtp_table
+from labkit.lab.report.replication import replication_table
 from labkit.lab.report.tables import (codec_table, delta_table, faults_table, roofline_models_table,
                                       roofline_table, serve_table)
 from labkit.lab.roofline.overheads import stored_pairs
@@ -28,6 +29,7 @@ MARKER = re.compile(r"(<!-- table:([\w.-]+) -->\n)(.*?)(<!-- /table:\2 -->)", re
 
 TABLES = {"mtp": ("mtp_experiment_cpu.json", mtp_table),
           "mtp-objectives": ("mtp_sweep_*.json", drafts_table), "faults": ("faults_cpu.json", faults_table),
+          "mtp-replication": ("mtp_replication_*.json", replication_table),
           "serve-sync": ("bench_serve_sync*_cpu.json", serve_table),
           "bench-sync": ("bench_sync_cpu.json", bench_table), "bench-delta": ("bench_delta_cpu.json", delta_table),
           "bench-sync-moe": ("bench_sync_moe_cpu.json", bench_table),
