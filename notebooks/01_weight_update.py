@@ -28,6 +28,7 @@ TRANSPORT = "colocated"  # per-tensor | colocated | distributed
 BUCKET_MB = 1.0  # bucket size in MiB (ignored by per-tensor)
 VERIFY = "checksum"  # checksum | full (an atomic sync refuses none)
 BASELINE = True  # also sync per-tensor first, to compare against
+PEER = True  # also sync by SGLang's stock loader (the field's method: verl, slime), the same transport and buckets
 INTERACTIVE = False  # True in JupyterLab: transport/bucket controls and a Run button
 
 # %% tags=["validate"]
@@ -36,7 +37,7 @@ from labkit.sync.config import SyncConfig
 nb.check_params(globals(), {
     "STEPS": nb.Int(0, 200), "TRANSPORT": nb.Choice.of(SyncConfig, "transport"),
     "BUCKET_MB": nb.Float(0.001, 1024), "VERIFY": nb.Choice.of(SyncConfig, "verify", exclude=("none",)),
-    "BASELINE": nb.Bool(), "INTERACTIVE": nb.Bool()});
+    "BASELINE": nb.Bool(), "PEER": nb.Bool(), "INTERACTIVE": nb.Bool()});
 
 # %%
 from labkit.workbench import experiments as ex
@@ -56,6 +57,10 @@ baseline = ex.cold_and_warm(wb, SyncConfig(transport="per-tensor", verify=VERIFY
 nb.record({"baseline/timing/sync/total": baseline[1]["timing/sync/total"]} if baseline else {})
 
 # %%
+peer = ex.peer_sync(wb, SyncConfig(transport=TRANSPORT, bucket_mb=BUCKET_MB, verify=VERIFY)) if PEER else ()
+nb.record({"peer/timing/sync/total": peer[1]["timing/sync/total"]} if peer else {})
+
+# %%
 cold, m = ex.cold_and_warm(wb, SyncConfig(transport=TRANSPORT, bucket_mb=BUCKET_MB, verify=VERIFY))
 nb.record({**m, "cold/timing/sync/total": cold["timing/sync/total"],
            "cold/timing/sync/setup": cold["timing/sync/setup"]})
@@ -68,7 +73,7 @@ nb.record(greedy.metrics)
 greedy.samples[:3]
 
 # %%
-nb.show(viz.sync_phases([*baseline, cold, m]), name="sync_phases", interactive=INTERACTIVE)
+nb.show(viz.sync_phases([*baseline, *peer, cold, m]), name="sync_phases", interactive=INTERACTIVE)
 
 # %%
 if INTERACTIVE:

@@ -13,7 +13,7 @@ MB = 1 << 20
 TransportName = Literal["per-tensor", "colocated", "distributed", "direct"]  # SyncConfig.transport values
 Verify = Literal["checksum", "full", "none"]
 Selector = Literal["all", "target", "draft"]  # SGLang's weight selector
-GpuApply = Literal["sglang", "labkit"]
+EngineLoader = Literal["auto", "labkit", "sglang"]
 TRANSPORTS = get_args(TransportName)
 
 
@@ -61,11 +61,14 @@ class SyncConfig:
     host_threads: int | None = None
     """CPU syncs: torch's intra-op threads in the trainer while the buckets stream (None: every core but one, the
     engine's, which applies while the trainer packs; labkit.sync.bucket.host_threads). GPU syncs ignore it."""
-    gpu_apply: GpuApply = "sglang"
-    """Colocated syncs on a GPU: sglang (SGLang's flattened_bucket format: the engine maps each bucket's CUDA-IPC
-    handle afresh and runs the model's load_weights) or labkit (labkit's loader: buffers kept mapped across
-    syncs, a copy plan compiled once; what CPU engines always run). `labkit bench device` measures the labkit path
-    on a GPU; the default stays SGLang's until that path has run against a real GPU engine."""
+    engine_loader: EngineLoader = "auto"
+    """What applies a flattened bucket inside the engine (colocated, distributed). labkit: labkit's loader
+    (labkit.engine.inside.apply: buffers kept mapped across syncs, a copy plan compiled once, a colocated sync in one
+    engine call, buckets packed into the guard's staging file). sglang: SGLang's stock path, as verl (PR #2418) and
+    slime run it: `update_weights_from_tensor(load_format="flattened_bucket")` one call per bucket, or
+    `update_weights_from_distributed` with the bucket's HF names, each into the model's `load_weights` (`labkit
+    bench sync` times it as its peer arms). auto: labkit on a CPU engine; on a GPU sglang, until labkit's path
+    (measured by `labkit bench device`) has run against a real GPU engine."""
     pause_mode: PauseMode = "abort"
     """Atomic syncs: SGLang's pause mode (abort, retract; in_place is refused; labkit.lab.bench.serve)."""
 
@@ -97,7 +100,10 @@ class SyncConfig:
             self.host_threads, bool) and self.host_threads >= 1), "host_threads", self.host_threads,
               "None (every core but the engine's) or a positive number of threads")
         check_choice(self, "pause_mode")
-        check_choice(self, "gpu_apply")
+        check_choice(self, "engine_loader")
+        if self.delta:
+            check(self.engine_loader != "sglang", "engine_loader", self.engine_loader,
+                  "auto or labkit with delta (only labkit's loader decodes a delta payload)")
         if self.atomic and self.pause_mode == "in_place":
             raise ValueError("pause_mode='in_place' is refused by the atomic guard (atomic=True): SGLang leaves "
                              "running requests in place with KV computed by the old weights, so their remaining "

@@ -76,6 +76,7 @@ def metrics(s: State, result: dict) -> dict:
     out.update({
         "timing/sync/total": round(total, 6),
         "sync/transport": s.cfg.transport,
+        "sync/engine_loader": s.cfg.engine_loader,
         "sync/cold": s.cold,  # True: this sync's setup planned or allocated, a one-off an RL loop pays once
         "sync/bytes": plan.total_bytes,
         "sync/num_tensors": len(plan.tensors),

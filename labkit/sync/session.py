@@ -138,7 +138,7 @@ class Syncer:
             s.delta.begin(s.plan, engine.weight_version)
             s.extra = s.peak = s.extra + (s.delta.pool.allocated_bytes if s.delta.pool else 0)
         s.transport = make(cfg.transport, timeout_s=cfg.timeout_s, delta=s.delta, maps=self.maps,
-                           gpu_apply=cfg.gpu_apply)
+                           engine_loader=cfg.engine_loader)
         s.nodes = where(s.transport, engine)  # a handle-passing transport across nodes is refused here
         s.release = torch.cuda.is_available() if cfg.release_kv_cache is None else cfg.release_kv_cache
         s.phases["setup"] += time.perf_counter() - t_setup

@@ -58,9 +58,9 @@ class Transport(Protocol):
 
 
 def make(name: str, timeout_s: float = 120.0, delta=None, maps: Mappings | None = None,
-         gpu_apply: str = "sglang") -> Transport:
+         engine_loader: str = "auto") -> Transport:
     """`delta`: a labkit.sync.delta.DeltaState (colocated and distributed only); `maps`: the engine's parameter
-    files the direct transport keeps mapped across syncs (the Syncer's); `gpu_apply`: SyncConfig.gpu_apply."""
+    files the direct transport keeps mapped across syncs (the Syncer's); `engine_loader`: SyncConfig.engine_loader."""
     if name == "direct":
         if delta is not None:
             raise ValueError("transport='direct' cannot carry a delta: use colocated or distributed")
@@ -70,9 +70,9 @@ def make(name: str, timeout_s: float = 120.0, delta=None, maps: Mappings | None 
             raise ValueError("transport='per-tensor' cannot carry a delta: use colocated or distributed")
         return PerTensor()
     if name == "colocated":
-        return Colocated(delta=delta, gpu_apply=gpu_apply)
+        return Colocated(delta=delta, engine_loader=engine_loader)
     if name == "distributed":
-        return Distributed(timeout_s=timeout_s, delta=delta)
+        return Distributed(timeout_s=timeout_s, delta=delta, engine_loader=engine_loader)
     raise ValueError(f"transport={name!r} is invalid: expected one of {', '.join(TRANSPORTS)}")
 
 

@@ -8,6 +8,7 @@ logprob_agreement: the engine's per-token log-probs vs the trainer's own forward
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, is_dataclass
 
 from labkit.models.tokenizer import PAD
@@ -47,6 +48,15 @@ def cold_and_warm(wb, cfg) -> tuple[dict, dict]:
     """Two syncs with the same settings: the cold one plans and allocates its buffers (`timing/sync/setup`, a
     one-off), the warm one replays both, which is what an RL loop pays every step. Both metrics, in that order."""
     return wb.sync(cfg), wb.sync(cfg)
+
+
+def peer_sync(wb, cfg) -> tuple[dict, ...]:
+    """`cold_and_warm` with SGLang's stock loader (SyncConfig.engine_loader="sglang": flattened buckets, one
+    engine call each, the model's `load_weights`), the method verl and slime ship, to set beside labkit's own;
+    () where the transport has no stock counterpart (per-tensor, direct)."""
+    if cfg.transport not in ("colocated", "distributed"):
+        return ()
+    return cold_and_warm(wb, dataclasses.replace(cfg, engine_loader="sglang"))
 
 
 def table(r: Rollout) -> list[dict]:

@@ -47,7 +47,7 @@ def sync_phases(runs: list[dict], labels: list[str] | None = None, title: str = 
 
 
 def run_label(m: dict) -> str:
-    t = m.get("sync/transport", "?")
+    t = m.get("sync/transport", "?") + (" (SGLang's loader)" if m.get("sync/engine_loader") == "sglang" else "")
     warm = {True: ", cold", False: ", warm"}.get(m.get("sync/cold"), "")
     if t == "per-tensor":
         return f"per-tensor ({m.get('sync/num_buckets', '?')} calls{warm})"

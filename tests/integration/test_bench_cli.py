@@ -33,6 +33,9 @@ def test_bench_sync_cli_prints_the_metric_keys():
         assert 0 < m[f"bench/bound_seconds/{t}"] < m[f"bench/bound_seconds/{t}_end_to_end"]
         assert 0 < m[f"bench/of_bound/{t}"] and 0 < m[f"bench/of_bound/{t}_end_to_end"]
     assert m["bench/memcpy_gbps"] == max(m["bench/memcpy_gbps_samples"]) and m["bench/gloo_gbps"] > 0
+    for t in ("colocated", "distributed"):  # the field's own method, in the same run (SGLang's stock loader)
+        assert m[f"bench/vs_peer/{t}"] > 0 and m[f"bench/vs_peer/{t}_end_to_end"] > 0
+        assert m[f"bench/apply_path/peer-{t}"] == "load_weights" and m[f"bench/apply_path/{t}"] == "copy_plan"
     for t in ("per-tensor", "colocated", "distributed"):  # end to end beside transport-only, equal repetitions
         assert m[f"bench/end_to_end_seconds/{t}"] > 0 and len(m[f"bench/end_to_end_seconds_all/{t}"]) == 1
     assert m["bench/speedup_end_to_end"] > 0 and m["bench/apply_path"] == "copy_plan"

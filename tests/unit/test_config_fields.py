@@ -34,6 +34,12 @@ def test_allowed_values_come_from_the_literal():
         with pytest.raises(ValueError, match=r"^host_threads=.* is invalid: expected None .*or a positive number"):
             SyncConfig(host_threads=bad)
     assert SyncConfig(host_threads=3).host_threads == 3
+    assert choices(SyncConfig, "engine_loader") == ("auto", "labkit", "sglang")
+    with pytest.raises(ValueError, match=r"^engine_loader='sglang' is invalid: expected auto or labkit with delta"):
+        SyncConfig(transport="colocated", delta=4, engine_loader="sglang")
+    from labkit.sync.transports.colocated import loader_is_labkit
+
+    assert loader_is_labkit("labkit") and not loader_is_labkit("sglang")  # auto: labkit's without CUDA
     with pytest.raises(ValueError, match=r"^EngineConfig.dtype='fp8' is invalid: expected one of auto, float32"):
         EngineConfig(model_dir="m", dtype="fp8")
 

@@ -88,3 +88,26 @@ def test_pick_vs_best_reads_both_from_one_pass():
     assert tn.pick_vs_best(curve, 1 << 22) == pytest.approx(1.1)
     with pytest.raises(ValueError, match="bucket_bytes=3 is not on the swept curve"):
         tn.pick_vs_best(curve, 3)
+
+
+def test_the_bench_summary_compares_labkit_with_the_peer_arms_against_one_bound():
+    from labkit.lab.bench.reference import bounds
+    from labkit.lab.bench.sync import PEERS
+    from labkit.lab.bench.sync_summary import summary
+
+    def sync(total, wall, path="copy_plan"):
+        return {"timing/sync/total": total, "timing/sync/verify": 0.0, "timing/sync/wall": wall,
+                "timing/sync/session": 0.01, "timing/sync/load": wall / 2, "sync/bytes": 6_000_000_000,
+                "sync/num_tensors": 10, "sync/bucket_bytes": 1 << 30, "sync/num_buckets": 6,
+                "sync/largest_tensor_bytes": 1 << 20, "sync/peak_extra_bytes": 1 << 31, "sync/apply_path": path}
+
+    times = {"per-tensor": 9.0, "colocated": 1.5, "distributed": 2.5, "direct": 1.0, "peer-colocated": 3.0,
+             "peer-distributed": 5.0}
+    fast = {t: [sync(s, s), sync(s * 1.2, s * 1.2), sync(s * 0.9, s * 0.9)] for t, s in times.items()}
+    full = {t: [sync(s, 2 * s), sync(s, 2 * s), sync(s, 2 * s)] for t, s in times.items()}
+    rates = [{"memcpy_gbps": 20.0, "two_copies_gbps": 6.0, "hash_gbps": 10.0}]
+    out = summary(fast, full, rates, {"gloo_gbps": 3.0, "samples_s": [1.0]}, bounds, PEERS)
+    assert out["bench/colocated_seconds"] == 1.5 and out["bench/colocated_seconds_best"] == pytest.approx(1.35)
+    assert out["bench/vs_peer/colocated"] == 2.0 and out["bench/vs_peer/distributed_end_to_end"] == 2.0
+    assert out["bench/bound_seconds/peer-colocated"] == out["bench/bound_seconds/colocated"] == 1.0  # one bound
+    assert out["bench/of_bound/colocated"] == pytest.approx(1.0 / 1.5, abs=1e-4)

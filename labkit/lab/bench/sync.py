@@ -28,6 +28,13 @@ from labkit.sync.config import MB, SyncConfig
 from labkit.workbench.core import Workbench
 
 TRANSPORTS = ("per-tensor", "colocated", "distributed", "direct")
+# The field's own method, same run, same model, same engine, same rounds: SGLang's stock update path as verl
+# (PR #2418) and slime ship it (SyncConfig.engine_loader="sglang"): flattened buckets, one engine call each, applied
+# by the model's `load_weights` (SGLang 0.5.23, sglang/srt/model_executor/model_runner_components/weight_updater.py:
+# colocated, `update_weights_from_tensor(load_format="flattened_bucket")` :343-357 -> :383-411; distributed, the
+# bucket broadcast by its HF names :260-278 -> :300-310, then `load_weights_from_distributed` :324-332).
+PEERS = {"peer-colocated": "colocated", "peer-distributed": "distributed"}
+ARMS = TRANSPORTS + tuple(PEERS)
 TUNED_KEY = "timing/sync/transport_only"  # what bucket size changes; `labkit tune` and notebook 04 both tune it
 PATHS = {"transport_only": "atomic=False, verify='none': colocated packs into a /dev/shm pool, the others as below; "
                            "each sync checked against the export afterwards, outside the timer",
@@ -103,7 +110,7 @@ def bench_sync(spec: ModelSpec | str = BENCH_SPEC, bucket_mb: float = 32.0, reps
     with _workbench(spec, workdir) as wb:
         startup = wb.timings["timing/startup"]
         before = wb.engine.checksums()
-        bar = tqdm(total=2 * len(TRANSPORTS) * (1 + reps), desc="bench sync", disable=not progress)
+        bar = tqdm(total=2 * len(ARMS) * (1 + reps), desc="bench sync", disable=not progress)
         fast = _block(wb, dict(bucket_mb=bucket_mb, verify="none", progress=False, atomic=False), reps, bar, True)
         full = _block(wb, dict(bucket_mb=bucket_mb, progress=False), reps, bar, False)
         bar.close()
@@ -113,7 +120,7 @@ def bench_sync(spec: ModelSpec | str = BENCH_SPEC, bucket_mb: float = 32.0, reps
     gloo = reference.gloo_gbps(nbytes)
     out = {"bench/startup_s": startup, "bench/paths": PATHS,
            "bench/order": f"interleaved, rotated each round ({reps} rounds per block); unguarded block first"}
-    out.update(summary(fast["syncs"], full["syncs"], rates, gloo, reference.bounds))
+    out.update(summary(fast["syncs"], full["syncs"], rates, gloo, reference.bounds, PEERS))
     out.update(verdict(fast["checked"] + full["checked"], before, after))
     out["bench/transport_only_verified"] = bool(fast["checked"]) and all(fast["checked"])
     return out
@@ -122,22 +129,29 @@ def bench_sync(spec: ModelSpec | str = BENCH_SPEC, bucket_mb: float = 32.0, reps
 def _block(wb, kw: dict, reps: int, bar, check: bool) -> dict:
     """One warm-up per transport, then `reps` rotated rounds of timed syncs under `kw`; after each round the
     trainer process's copy and hash rates (labkit.lab.bench.reference)."""
-    syncs: dict[str, list[dict]] = {t: [] for t in TRANSPORTS}
+    syncs: dict[str, list[dict]] = {t: [] for t in ARMS}
     checked, rates = [], []
-    for t in TRANSPORTS:
-        wb.sync(SyncConfig(transport=t, **kw))  # plan, buffers, the engine's copy plan; the guard's first copy
+    for t in ARMS:
+        wb.sync(arm_config(t, kw))  # plan, buffers, the engine's copy plan; the guard's first copy
         bar.update()
     for r in range(reps):
-        for t in rotated(TRANSPORTS, r):
+        for t in rotated(ARMS, r):
             wb.train(1, progress=False)
             t0 = time.perf_counter()
-            m = wb.sync(SyncConfig(transport=t, **kw))
+            m = wb.sync(arm_config(t, kw))
             m["timing/sync/wall"] = time.perf_counter() - t0
             checked.append(engine_matches_export(wb) if check else m["sync/verified"] is True)
             syncs[t].append(m)
             bar.update()
         rates.append(reference.in_trainer(wb.trainer, m["sync/bytes"]))
     return {"syncs": syncs, "checked": checked, "rates": rates}
+
+
+def arm_config(arm: str, kw: dict) -> SyncConfig:
+    """A labkit transport, or a peer arm: the same transport with SGLang's stock loader (PEERS)."""
+    if arm in PEERS:
+        return SyncConfig(transport=PEERS[arm], engine_loader="sglang", **kw)
+    return SyncConfig(transport=arm, **kw)
 
 
 def engine_matches_export(wb) -> bool:

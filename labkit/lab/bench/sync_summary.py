@@ -53,18 +53,21 @@ def per_transport(t: str, fast: list[dict], full: list[dict], mem: float, nbytes
     return out
 
 
-def bounds_of(t: str, out: dict, bound: dict) -> dict:
-    if t not in bound["transport_only"]:
+def bounds_of(t: str, out: dict, bound: dict, base: str) -> dict:
+    """`base`: the transport whose bytes path arm `t` takes (a peer arm's is its labkit transport's)."""
+    if base not in bound["transport_only"]:
         return {}
-    only, e2e = bound["transport_only"][t], bound["end_to_end"][t]
+    only, e2e = bound["transport_only"][base], bound["end_to_end"][base]
     return {f"bench/bound_seconds/{t}": round(only, 4), f"bench/bound_seconds/{t}_end_to_end": round(e2e, 4),
             f"bench/of_bound/{t}": round(only / out[f"bench/{_key(t)}_seconds"], 4),
             f"bench/of_bound/{t}_end_to_end": round(e2e / out[f"bench/end_to_end_seconds/{t}"], 4)}
 
 
 def summary(fast: dict[str, list[dict]], full: dict[str, list[dict]], rates: list[dict], gloo: dict,
-            bounds) -> dict:
-    """Everything the bench stores; `bounds(nbytes, rates) -> {"transport_only": {t: s}, "end_to_end": ...}`."""
+            bounds, peers: dict[str, str] | None = None) -> dict:
+    """Everything the bench stores; `bounds(nbytes, rates) -> {"transport_only": {t: s}, "end_to_end": ...}`;
+    `peers`: peer arm -> the labkit transport it is compared with (`bench/vs_peer/...`)."""
+    peers = peers or {}
     colo = fast["colocated"][0]
     nbytes = colo["sync/bytes"]
     out = references(rates, gloo)
@@ -74,7 +77,7 @@ def summary(fast: dict[str, list[dict]], full: dict[str, list[dict]], rates: lis
     bound = bounds(nbytes, best_rates)
     for t in fast:
         out.update(per_transport(t, fast[t], full[t], mem, nbytes))
-        out.update(bounds_of(t, out, bound))
+        out.update(bounds_of(t, out, bound, peers.get(t, t)))
     bucketed = min(out["bench/colocated_seconds"], out["bench/distributed_seconds"])
     e2e = {t: out[f"bench/end_to_end_seconds/{t}"] for t in fast}
     out.update({
@@ -93,6 +96,10 @@ def summary(fast: dict[str, list[dict]], full: dict[str, list[dict]], rates: lis
                                     | {"wall": round(_median_sync(ms, lambda m: m["timing/sync/wall"])
                                                      ["timing/sync/wall"], 6)} for t, ms in full.items()},
     })
+    for peer, t in peers.items():  # the peer's time over labkit's: above 1 when labkit is faster
+        if peer in fast and t in fast:
+            out[f"bench/vs_peer/{t}"] = round(out[f"bench/{_key(peer)}_seconds"] / out[f"bench/{_key(t)}_seconds"], 3)
+            out[f"bench/vs_peer/{t}_end_to_end"] = round(e2e[peer] / e2e[t], 3)
     if "direct" in fast:
         out["bench/speedup_direct_vs_per_tensor"] = round(out["bench/per_tensor_seconds"]
                                                           / out["bench/direct_seconds"], 2)

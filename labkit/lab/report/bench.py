@@ -18,7 +18,7 @@ def bench_table(run: dict) -> list[str]:
     head = ["transport", "transport-only (s)", "GB/s", "of a memcpy", *(["of this box's bound"] if bounded else []),
             "end to end (s)", *(["of its bound"] if bounded else []), "engine apply"]
     lines = md_head(head)
-    transports = [t for t in ("per-tensor", "colocated", "distributed", "direct")
+    transports = [t for t in ("per-tensor", "colocated", "distributed", "direct", "peer-colocated", "peer-distributed")
                   if f"bench/{t.replace('-', '_')}_seconds" in run]
     for t in transports:
         key = t.replace("-", "_")
@@ -38,6 +38,14 @@ def bench_table(run: dict) -> list[str]:
                       f"{run['bench/two_copies_gbps']:.1f} GB/s each, hash {run['bench/hash_gbps']:.1f} GB/s, gloo "
                       f"loopback {run['bench/gloo_gbps']:.1f} GB/s; a bound is the time those rates allow "
                       "(labkit.lab.bench.reference), 1.00 would be at it."]
+        peers = [t for t in ("colocated", "distributed") if f"bench/vs_peer/{t}" in run]
+        if peers:
+            lines[-1] += (" Peer arms: SGLang's stock update path, as verl (PR #2418) and slime ship it (flattened "
+                          "buckets, one engine call each, the model's `load_weights`; `SyncConfig.engine_loader="
+                          "\"sglang\"`), in the same rounds; end to end they run under the same guard and "
+                          "verification as labkit's. labkit over the peer (its time / labkit's): " + "; ".join(
+                              f"{t} **{run[f'bench/vs_peer/{t}']:.2f}×** transport-only, "
+                              f"**{run[f'bench/vs_peer/{t}_end_to_end']:.2f}×** end to end" for t in peers) + ".")
     else:
         lines += ["", "Best of the run's syncs per transport; this run stored no bounds and timed transport-only as "
                       "total less verification, setup and session (a definition labkit no longer uses)."]

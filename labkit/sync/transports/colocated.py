@@ -15,13 +15,18 @@ from labkit.sync.plan import Bucket
 from labkit.sync.transports.ring import Ring
 
 
+def loader_is_labkit(engine_loader: str) -> bool:
+    """SyncConfig.engine_loader as this process resolves it: auto is labkit's loader without CUDA, SGLang's with."""
+    return engine_loader == "labkit" or (engine_loader == "auto" and not torch.cuda.is_available())
+
+
 class Colocated:
     """transport="colocated": one flat buffer per bucket in shared memory (a CUDA IPC handle on GPU); only a
     handle to it crosses to the engine.
 
     Flow:
     1. open: ask the engine its TP size and whether it accepts labkit's loader (`labkit.engine.inside.apply`, listed
-       at launch by labkit's engines; on GPU only with `SyncConfig.gpu_apply="labkit"`);
+       at launch by labkit's engines; `SyncConfig.engine_loader`: on GPU only with "labkit", never with "sglang");
     2. send, per bucket: serialize a handle to the flat buffer ->
        - labkit's loader: `[(layout_key, flat)]`, load_format=APPLY_FORMAT: the engine keeps the buffer mapped
          for the rest of the sync and copies each tensor into its parameter slice by a plan compiled once;
@@ -46,8 +51,8 @@ class Colocated:
     port_retries = 0
     same_node = True
 
-    def __init__(self, delta=None, gpu_apply: str = "sglang"):
-        self.delta, self.gpu_apply = delta, gpu_apply
+    def __init__(self, delta=None, engine_loader: str = "auto"):
+        self.delta, self.engine_loader = delta, engine_loader
         self.files = None  # the atomic guard's staging writer, when the syncer packs buckets into it
         self.ring: Ring | None = None
 
@@ -59,9 +64,9 @@ class Colocated:
     def open(self, engine, plan) -> None:
         self.serializer = ipc.Serializer  # SGLang's payload format, written by labkit (device UUIDs on GPU)
         self.engine_tp = engine.tp_size
-        # GPU: SGLang's own format unless SyncConfig.gpu_apply="labkit" (the kept CUDA-IPC mapping and copy plan:
-        # `labkit bench device` runs it on a GPU; the default moves once that run has shown it correct and faster).
-        labkit = self.gpu_apply == "labkit" or not torch.cuda.is_available()
+        # SyncConfig.engine_loader: on a GPU SGLang's own format unless "labkit" (the kept CUDA-IPC mapping and copy
+        # plan: `labkit bench device` runs it on a GPU); "sglang" is SGLang's stock path anywhere (the bench's peer).
+        labkit = loader_is_labkit(self.engine_loader)
         self.fmt = APPLY_FORMAT if labkit and engine.accepts(APPLY_FORMAT) else "flattened_bucket"
         if self.fmt == "flattened_bucket":  # SGLang's format is SGLang's: crossed here only, timed as setup
             from sglang.srt.weight_sync import tensor_bucket  # noqa: F401  (bk.metadata's import, warmed here)
@@ -70,9 +75,8 @@ class Colocated:
         self.rings = self.fmt == APPLY_FORMAT and self.engine_tp == 1
         if self.delta is not None and self.fmt != APPLY_FORMAT:
             raise ValueError("delta sync needs labkit's engine-side loader (labkit.engine.inside.apply: an engine "
-                             "launched "
-                             f"by labkit, on GPU with SyncConfig.gpu_apply='labkit'); this engine takes {self.fmt!r}: "
-                             "sync with SyncConfig.delta=0")
+                             "launched by labkit, on GPU with SyncConfig.engine_loader='labkit'); this engine takes "
+                             f"{self.fmt!r}: sync with SyncConfig.delta=0")
 
     def send(self, engine, b: Bucket, tensors=None, flat: torch.Tensor | None = None) -> dict:
         t0 = time.perf_counter()

@@ -69,18 +69,21 @@ class Distributed:
        on GPU); returns when the engine answers that it loaded the bucket;
     3. close: `engine.destroy_weights_update_group`, then destroy the process group here (also on failure).
 
-    Into labkit's copy plan: where the engine's model routes labkit payloads (`engine.routes_flat()`: labkit's
-    models on a CPU engine), the bucket is announced as one uint8 tensor named by its layout; SGLang receives
-    it whole and hands it to the model's `load_weights`, which passes it to labkit.engine.inside.apply (no per-tensor
-    loop). With `delta` that one tensor is the delta payload (labkit.sync.delta).
+    Into labkit's copy plan (unless SyncConfig.engine_loader="sglang"): where the engine's model routes labkit payloads
+    (`engine.routes_flat()`: labkit's models on a CPU engine), the bucket is announced as one uint8 tensor named by its
+    layout; SGLang receives it whole and hands it to the model's `load_weights`, which passes it to
+    labkit.engine.inside.apply (no per-tensor loop). With `delta` that one tensor is the delta payload
+    (labkit.sync.delta).
     """
 
     name = "distributed"
     flattened = True
     same_node = False
 
-    def __init__(self, group_name: str = "labkit_weight_update", timeout_s: float = 120.0, delta=None):
+    def __init__(self, group_name: str = "labkit_weight_update", timeout_s: float = 120.0, delta=None,
+                 engine_loader: str = "auto"):
         self.group_name, self.timeout_s, self.pg, self.delta = group_name, timeout_s, None, delta
+        self.engine_loader = engine_loader
         self.port_retries, self.flat, self.apply_path = 0, False, "load_weights"
         self.landed = True  # every send so far returned: the engine is not stuck in a receive
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="labkit-engine")
@@ -93,7 +96,8 @@ class Distributed:
 
     def open(self, engine, plan) -> None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        self.flat = not torch.cuda.is_available() and engine.accepts(APPLY_FORMAT) and engine.routes_flat()
+        self.flat = (self.engine_loader != "sglang" and not torch.cuda.is_available() and engine.accepts(APPLY_FORMAT)
+                     and engine.routes_flat())
         if self.delta is not None and not self.flat:
             raise ValueError("delta sync needs labkit's engine-side loader (labkit.engine.inside.apply) behind the "
                              "engine model's load_weights (labkit's models on a CPU engine): sync with "
