@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from labkit.sync import SyncConfig  # noqa: E402
 from labkit.workbench.core import Workbench  # noqa: E402
-from labkit.lab.bench.sync import BENCH_SPEC, bench_model_dir, weight_moving_seconds  # noqa: E402
+from labkit.lab.bench.sync import BENCH_SPEC, bench_model_dir, transport_seconds  # noqa: E402
 
 
 def main() -> None:
@@ -46,7 +46,7 @@ def main() -> None:
                         wall = time.perf_counter() - t0
                         if m["sync/verified"] is False:
                             raise SystemExit(f"{t} {arm}: a sync did not verify")
-                        value = weight_moving_seconds(m) if kind == "transport_only" else wall
+                        value = transport_seconds(m) if kind == "transport_only" else wall
                         samples.setdefault(f"{t}/{kind}/{arm}", []).append(round(value, 5))
     out = {"command": "python scripts/host_threads_ab.py " + " ".join(sys.argv[1:]), "cpu_count": os.cpu_count(),
            "arms": arms, "median_s": {k: round(statistics.median(v), 5) for k, v in samples.items()},

@@ -51,8 +51,8 @@ def bench_table(run: dict) -> list[str]:
                       "total less verification, setup and session (a definition labkit no longer uses)."]
     lines += [f"{run['bench/model_bytes'] / 1e6:.0f} MB, {run['bench/num_tensors']} tensors, "
                   f"{run['bench/bucket_bytes'] >> 20} MiB buckets; memcpy {run['bench/memcpy_gbps']:.1f} GB/s "
-                  "(a reference: pack + apply copy every byte twice, so about half of it is their limit, see "
-                  "[What bounds these ratios](sync-speed.md#what-bounds-these-ratios); direct copies once). "
+                  "(every core; a two-copy path is bounded well below it: "
+                  "[What bounds these ratios](sync-speed.md#what-bounds-these-ratios)). "
                   f"Bucketed vs per-tensor: **{run['bench/speedup_bucketed_vs_per_tensor']:.1f}×** transport-only, "
                   f"**{run['bench/speedup_end_to_end']:.1f}×** end to end"
                   + (f"; direct vs per-tensor: **{run['bench/speedup_direct_vs_per_tensor']:.1f}×** transport-only, "
@@ -116,7 +116,8 @@ def repeats_table(pairs: list[tuple[dict, dict]]) -> list[str]:
         lines.append(_row([label, *(fmt.format(v) for v in vals), spread]))
     return lines + ["", f"{len(pairs)} runs of each bench, one after another on the same box, by the same "
                         "commands. Every ratio is to that run's own memcpy reference (the fastest of the "
-                        "samples it took after each transport); the MoE ratio pairs each bench-model run with the "
+                        "samples it took: in the trainer's process between rounds, or for runs stored before that, "
+                        "in the driver after each transport); the MoE ratio pairs each bench-model run with the "
                         "MoE run made after it."]
 
 
