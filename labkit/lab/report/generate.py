@@ -102,7 +102,8 @@ def _body(name: str, data_dir: Path) -> str:
         # beside the default MTP run they pair with
         runs, base = _runs(data_dir, file)
         made = "; ".join(f"`data/{f}` by `{r.get('command', '?')}`" for f, r in runs)
-        return "\n".join([*fn({"runs": runs, "baseline": base}), "", f"(from {made}; frozen from "
+        role = "the original run" if name == "mtp-replication" else "frozen"
+        return "\n".join([*fn({"runs": runs, "baseline": base}), "", f"(from {made}; {role} from "
                           f"`data/mtp_experiment_cpu.json`; regenerate with `labkit report`)"])
     run = json.loads((data_dir / file).read_text())
     cmd = run.get("command", "?")
