@@ -241,3 +241,36 @@ def test_every_action_writes_its_marker_as_it_fires(tmp_path):
         assert marker.read_text().startswith("sync.bucket ")
     finally:
         assert fp.disarm() == {"sync.bucket": True}
+
+
+@pytest.mark.parametrize("case", ["held", "answered", "killed"])
+def test_served_mid_sync_is_an_answer_before_the_hold_ends(tmp_path, monkeypatch, case):
+    """An engine that holds a request until the sync is released did not serve mid-sync; one that answers while
+    the sync is held did; a kill ends the hold (the guard restores and serves), so an answer after it does not
+    count as served mid-sync."""
+    import threading
+
+    import ray
+
+    from labkit.lab.faults import harness
+
+    gate, marker, over = tmp_path / "gate", tmp_path / "marker", threading.Event()
+    gate.touch()
+    marker.write_text("sync.begin 1\n")
+
+    class Engine:
+        def portable(self, call_timeout_s):
+            return self
+
+        def generate(self, **kw):
+            while case != "answered" and gate.exists() and not over.is_set():
+                threading.Event().wait(0.01)
+
+    monkeypatch.setattr(harness, "PROBE_S", 0.2)
+    monkeypatch.setattr(ray, "kill", lambda actor, no_restart: over.set())  # the sync ends at the kill
+    killer = harness._Killer(str(marker), str(gate), Engine(), object() if case == "killed" else None, limit_s=5)
+    killer.start()
+    killer.join(timeout=5)
+    threading.Event().wait(0.1)  # a held probe is answered once the hold ends
+    assert not gate.exists() and killer.released_at is not None and killer.killed is (case == "killed")
+    assert killer.served is (case == "answered")

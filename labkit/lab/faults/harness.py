@@ -85,11 +85,13 @@ class _Killer(threading.Thread):
         if os.path.exists(self.marker):
             threading.Thread(target=self._ask, daemon=True).start()
             self._done.wait(PROBE_S)
+            # The hold ends here: a kill ends the sync as surely as the open gate (the guard then restores and
+            # serves), so an answer after this instant was not served mid-sync.
+            self.released_at = time.monotonic()
             if self.target is not None:
                 ray.kill(self.target, no_restart=True)
                 self.killed = True
                 time.sleep(0.5)  # let the death be seen before the trainer moves on
-            self.released_at = time.monotonic()
         Path(self.gate).unlink(missing_ok=True)
 
     def _ask(self) -> None:
