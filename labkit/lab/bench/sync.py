@@ -20,7 +20,7 @@ from pathlib import Path
 
 from labkit.config import ModelSpec
 from labkit.lab.bench import reference
-from labkit.lab.bench.sync_summary import summary
+from labkit.lab.bench.sync_summary import summary, transport_seconds
 from labkit.models.families import model_dir_for
 from labkit.models.tiny import BENCH_SPEC, QUICK_SPEC, make_tiny_mimo  # noqa: F401 (the CLI's names)
 from labkit.sync import tune as tn
@@ -40,12 +40,6 @@ PATHS = {"transport_only": "atomic=False, verify='none': colocated packs into a 
                            "each sync checked against the export afterwards, outside the timer",
          "end_to_end": "the defaults (atomic guard, checksum verification): colocated packs into the guard's "
                        "staging file, the rollback copy"}
-
-
-def transport_seconds(m: dict) -> float:
-    """A sync's wall time less its verification (none on a transport-only sync): setup and the session's calls
-    are paid on every warm sync, so they are in (tests/unit/test_tune.py shows a warm sync still pays them)."""
-    return m["timing/sync/total"] - m["timing/sync/verify"]
 
 
 def rotated(items: tuple, k: int) -> tuple:
