@@ -10,6 +10,7 @@ GPU's name from torch only when the run already imported it), so `--out` costs n
 from __future__ import annotations
 
 import datetime
+import hashlib
 import os
 import platform
 import subprocess
@@ -21,6 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DISTRIBUTIONS = ("torch", "sglang", "megatron-core", "mbridge", "ray", "transformers")
 # Files whose changes do not change what a run measures: the stored runs themselves and the prose around them.
 NOT_CODE = (":(exclude)data", ":(exclude)docs", ":(exclude)*.md")
+# Written beside the code before a tree travels without its .git (the device machine): the commit, then every code
+# file's git blob id at that commit, so the far side can tell by hashing whether the tree that ran is that commit.
+MANIFEST = ".labkit-tree"
 
 
 def _git(*args: str) -> str | None:
@@ -31,11 +35,54 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+def _is_code(path: str) -> bool:
+    return not (path.startswith(("data/", "docs/")) or path.endswith(".md"))
+
+
+def _blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def write_manifest() -> Path:
+    """The manifest of HEAD (`MANIFEST`) for a tree about to travel without its .git: `python -m labkit.provenance`
+    before a device run. It names the commit's blobs, not the working tree's, so a dirty tree reads dirty there."""
+    commit, listing = _git("rev-parse", "HEAD"), _git("ls-tree", "-r", "--full-tree", "HEAD")
+    if commit is None or listing is None:
+        raise RuntimeError(f"no git checkout at {ROOT}: a manifest needs one")
+    rows = [line for line in listing.splitlines() if _is_code(line.split("\t", 1)[1])]
+    path = ROOT / MANIFEST
+    path.write_text("\n".join([commit, *rows]) + "\n")
+    return path
+
+
+def _manifest_state(path: Path) -> dict:
+    """The code state of a tree that travelled with a manifest: dirty when a listed code file is missing or its
+    bytes are not the commit's blob."""
+    commit, *rows = path.read_text().splitlines()
+    for row in rows:
+        meta, name = row.split("\t", 1)
+        mode, kind, blob = meta.split()
+        if kind != "blob":
+            continue
+        f = ROOT / name
+        try:
+            data = os.readlink(f).encode() if mode == "120000" else f.read_bytes()
+        except OSError:
+            return {"commit": commit, "dirty": True}
+        if _blob_id(data) != blob:
+            return {"commit": commit, "dirty": True}
+    return {"commit": commit, "dirty": False}
+
+
 def code_state() -> dict:
-    """`commit` (outside a git checkout, LABKIT_COMMIT or None) and `dirty`: a tracked file outside data/, docs/
-    and *.md differs from the commit, so the commit alone does not say what ran (None: not known)."""
+    """`commit` and `dirty`: a tracked file outside data/, docs/ and *.md differs from the commit, so the commit
+    alone does not say what ran (None: not known). Outside a git checkout (a tree that travelled to the device
+    machine) both come from the manifest written before it left, checked file by file against the tree here;
+    without one, the commit is LABKIT_COMMIT's and the tree state unknown."""
     commit = _git("rev-parse", "HEAD")
-    if commit is None:  # a tree that travelled without its .git (the device machine): the commit it was sent at
+    if commit is None:
+        if (ROOT / MANIFEST).is_file():
+            return _manifest_state(ROOT / MANIFEST)
         return {"commit": os.environ.get("LABKIT_COMMIT"), "dirty": None}
     changed = _git("status", "--porcelain", "--untracked-files=no", "--", ".", *NOT_CODE)
     return {"commit": commit, "dirty": None if changed is None else bool(changed)}
@@ -100,3 +147,7 @@ def problems(run: dict) -> list[str]:
     if p.get("dirty") is not False:
         out.append("made from a dirty tree" if p.get("dirty") else "tree state unknown")
     return out
+
+
+if __name__ == "__main__":
+    print(write_manifest())

@@ -3,6 +3,7 @@ labkit.engine.inside.copyruns) against every progression merged into strided cop
 copies labkit's plan makes there (`copies_in_labkit_plan`: on a GPU large pieces stay apart); prints one JSON line.
 
     python scripts/copyruns_bench.py [--device cuda] [--experts 128 --inter 768 --hidden 2048 --dtype bfloat16]
+                                     [--out F]
 
 The default shape is one layer of Qwen3-30B-A3B's experts (128 x gate/up/down of 768 x 2048, bf16: 1.2 GB, 384
 tensors); both ways are checked bitwise against each other before they are timed."""
@@ -19,6 +20,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from labkit.engine.inside import apply
 from labkit.engine.inside import copyplan  # noqa: E402
+from labkit import provenance  # noqa: E402
 
 
 class Experts(nn.Module):
@@ -60,11 +62,13 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--out", default=None, help="Also write the result to this JSON file (a stored run).")
     a = ap.parse_args()
     m = Experts(a.experts, a.inter, a.hidden, getattr(torch, a.dtype), a.device)
     key, flat = _bucket(m)
     in_plan = len(copyplan.plan_for(m, key).runs)  # what labkit's plan does here (on a GPU: GPU_MERGE_BELOW)
-    copyplan.GPU_MERGE_BELOW, copyplan._plans = float("inf"), {}  # time every progression merged
+    copyplan.GPU_MERGE_BELOW = float("inf")  # time every progression merged
+    copyplan._plans.clear()
     plan = copyplan.plan_for(m, key)
     srcs = [flat[s:e].view(getattr(torch, d)).view(sh) for _, d, sh, s, e in plan.entries]
     per_tensor = [srcs[i] for i in plan.direct]
@@ -92,14 +96,18 @@ def main() -> None:
     t_per = timed(plan.dsts, per_tensor)
     same = all(torch.equal(x, y) for x, y in zip(after_merged, m.parameters()))
     nbytes = flat.numel()
-    print(json.dumps({
+    record = {
         "command": "python scripts/copyruns_bench.py " + " ".join(sys.argv[1:]),
+        "provenance": provenance.collect(config=vars(a)),
         "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
         "tensors": len(plan.entries), "copies_merged": len(plan.runs), "copies_in_labkit_plan": in_plan,
         "bytes": nbytes,
         "per_tensor_s": round(t_per, 6), "merged_s": round(t_merged, 6),
         "per_tensor_gbps": round(nbytes / t_per / 1e9, 2), "merged_gbps": round(nbytes / t_merged / 1e9, 2),
-        "bitwise_equal": same}))
+        "bitwise_equal": same}
+    print(json.dumps(record))
+    if a.out:
+        Path(a.out).write_text(json.dumps(record, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -46,3 +46,25 @@ def test_dirty_means_a_code_change_not_a_stored_run(tmp_path, monkeypatch):
     assert provenance.code_state()["dirty"] is False  # a re-made stored run is not a code change
     (repo / "code.py").write_text("x = 2\n")
     assert provenance.code_state()["dirty"] is True
+
+
+def test_a_tree_without_its_git_is_checked_against_the_manifest_written_before_it_left(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    (repo / "data").mkdir(parents=True)
+    (repo / "code.py").write_text("x = 1\n")
+    (repo / "data" / "run.json").write_text("{}\n")
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "-C", str(repo), "add", "."], check=True)
+    subprocess.run([*git, "-C", str(repo), "commit", "-qm", "c"], check=True)
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    monkeypatch.setattr(provenance, "ROOT", repo)
+    provenance.write_manifest()
+    subprocess.run(["rm", "-rf", str(repo / ".git")], check=True)  # the tree as it arrives on the device machine
+    assert provenance.code_state() == {"commit": head, "dirty": False}
+    (repo / "data" / "run.json").write_text('{"new": 1}\n')
+    assert provenance.code_state()["dirty"] is False
+    (repo / "code.py").write_text("x = 2\n")
+    assert provenance.code_state() == {"commit": head, "dirty": True}
+    (repo / "code.py").unlink()
+    assert provenance.code_state()["dirty"] is True

@@ -128,17 +128,10 @@ def provenance(m: dict) -> dict:
 
 
 def commit() -> str | None:
-    """The code's commit: LABKIT_COMMIT where the tree travelled without its .git (the device machine), else git's."""
-    import os
-    import subprocess
+    """The code's commit (labkit.provenance: git's, or the manifest's where the tree travelled without its .git)."""
+    from labkit import provenance as prov
 
-    if os.environ.get("LABKIT_COMMIT"):
-        return os.environ["LABKIT_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                              cwd=Path(__file__).parent).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
+    return prov.code_state()["commit"]
 
 
 def d2d(run: Run, dev: str, nbytes: int) -> None:
