@@ -77,15 +77,20 @@ def _manifest_state(path: Path) -> dict:
 def code_state() -> dict:
     """`commit` and `dirty`: a tracked file outside data/, docs/ and *.md differs from the commit, so the commit
     alone does not say what ran (None: not known). Outside a git checkout (a tree that travelled to the device
-    machine) both come from the manifest written before it left, checked file by file against the tree here;
-    without one, the commit is LABKIT_COMMIT's and the tree state unknown."""
+    machine, which may carry a .git of an older HEAD) they come from the manifest written before it left, where
+    its check file by file finds the tree clean; without either, the commit is LABKIT_COMMIT's, the state unknown.
+    A manifest can only show a tree clean by its bytes, so a stale one left behind changes nothing."""
     commit = _git("rev-parse", "HEAD")
     if commit is None:
-        if (ROOT / MANIFEST).is_file():
-            return _manifest_state(ROOT / MANIFEST)
-        return {"commit": os.environ.get("LABKIT_COMMIT"), "dirty": None}
-    changed = _git("status", "--porcelain", "--untracked-files=no", "--", ".", *NOT_CODE)
-    return {"commit": commit, "dirty": None if changed is None else bool(changed)}
+        state = {"commit": os.environ.get("LABKIT_COMMIT"), "dirty": None}
+    else:
+        changed = _git("status", "--porcelain", "--untracked-files=no", "--", ".", *NOT_CODE)
+        state = {"commit": commit, "dirty": None if changed is None else bool(changed)}
+    if state["dirty"] is not False and (ROOT / MANIFEST).is_file():
+        travelled = _manifest_state(ROOT / MANIFEST)
+        if travelled["dirty"] is False or commit is None:
+            return travelled
+    return state
 
 
 def _cpu_model() -> str:

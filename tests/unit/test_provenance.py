@@ -68,3 +68,23 @@ def test_a_tree_without_its_git_is_checked_against_the_manifest_written_before_i
     assert provenance.code_state() == {"commit": head, "dirty": True}
     (repo / "code.py").unlink()
     assert provenance.code_state()["dirty"] is True
+
+
+def test_a_manifest_beside_an_older_git_head_names_the_commit_whose_bytes_are_there(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "code.py").write_text("x = 1\n")
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t", "-C", str(repo)]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "old"], check=True)
+    old = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    (repo / "code.py").write_text("x = 2\n")
+    subprocess.run([*git, "commit", "-qam", "new"], check=True)
+    new = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    monkeypatch.setattr(provenance, "ROOT", repo)
+    provenance.write_manifest()
+    subprocess.run([*git, "reset", "-q", "--soft", old], check=True)  # the device's .git: the session's first HEAD
+    assert provenance.code_state() == {"commit": new, "dirty": False}
+    (repo / "code.py").write_text("x = 3\n")  # neither commit's bytes: dirty, as git says
+    assert provenance.code_state()["dirty"] is True
