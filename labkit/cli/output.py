@@ -95,5 +95,10 @@ def write_run(metrics: dict, path: str | None, *, indent: int = 2) -> None:
         if not STARTED:
             start()
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        record = {"command": command(), "provenance": dict(STARTED), **metrics}
+        prov = dict(STARTED)
+        if not prov["host"]["gpus"]:  # taken before the run imported torch: a GPU is named once torch sees it
+            from labkit.provenance import host
+
+            prov["host"] = host()
+        record = {"command": command(), "provenance": prov, **metrics}
         Path(path).write_text(json.dumps(record, indent=indent, default=str) + "\n")
