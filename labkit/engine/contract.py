@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from labkit.engine.errors import EngineError
+from labkit.models.fp8 import E4M3, SCALE_SUFFIX, recipe_of
 from labkit.models.hf import checkpoint_tensors
 
 Shape = tuple[int, ...]
@@ -63,10 +64,14 @@ FUSED: tuple[FusedRule, ...] = (
 # filled in export order, never has to take kv_a before q_b.
 _MLA_GROUP = re.compile(r"^(?P<prefix>.*\.self_attn)\.(q_a_proj|q_b_proj|kv_a_proj_with_mqa)\.weight$")
 _RULES = {r.part: r for r in FUSED}
-_NAME = re.compile(rf"^(?P<prefix>.*)\.(?P<part>{'|'.join(map(re.escape, _RULES))})\.(?P<kind>weight|bias)$")
+# `weight_scale_inv`: a block-FP8 weight's scale (labkit.models.fp8) fuses as its weight does, `sizes[i] / 128` rows
+# at `sum(sizes[:i]) / 128` (every fused part a multiple of the block, as SGLang's Fp8 methods require).
+_NAME = re.compile(rf"^(?P<prefix>.*)\.(?P<part>{'|'.join(map(re.escape, _RULES))})\."
+                   r"(?P<kind>weight|bias|weight_scale_inv)$")
 
 
-_EXPERT = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<e>\d+)\.(?P<part>gate_proj|up_proj|down_proj)\.weight$")
+_EXPERT = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<e>\d+)\.(?P<part>gate_proj|up_proj|down_proj)"
+                     r"\.(?P<kind>weight|weight_scale_inv)$")
 
 
 @lru_cache(maxsize=1 << 16)  # per tensor per sync: 4,179 regex matches on the MoE preset; Qwen3-30B has 18,867
@@ -75,10 +80,10 @@ def fused_part(name: str) -> tuple[str, int, int | None] | None:
     else None. The size of an expert group (None) depends on the model: `part_counts`."""
     m = _EXPERT.match(name)
     if m is not None:
-        e = int(m["e"])
+        e, kind = int(m["e"]), m["kind"].removeprefix("weight")  # "" or "_scale_inv"
         if m["part"] == "down_proj":
-            return f"{m['prefix']}.w2_weight", e, None
-        return f"{m['prefix']}.w13_weight", 2 * e + (m["part"] == "up_proj"), None
+            return f"{m['prefix']}.w2_weight{kind}", e, None
+        return f"{m['prefix']}.w13_weight{kind}", 2 * e + (m["part"] == "up_proj"), None
     m = _NAME.match(name)
     if m is None:
         return None
@@ -94,7 +99,10 @@ def fused_group(name: str) -> str:
 
 def plan_group(name: str) -> str:
     """The unit a bucket plan never splits: the fused parameter its parts must land in together, or the tensor
-    itself (an expert slice loads alone)."""
+    itself (an expert slice loads alone). A block-FP8 scale travels in its weight's group, so the engine never
+    serves a new weight with an old scale (or an old weight with a new one)."""
+    if name.endswith(SCALE_SUFFIX):
+        name = name.removesuffix("_scale_inv")
     if _EXPERT.match(name) is not None:
         return name
     m = _MLA_GROUP.match(name)
@@ -201,19 +209,26 @@ def check_tensors(expected: Mapping[str, tuple[Shape, str]] | None, items: Itera
 
 @dataclass(frozen=True)
 class Contract:
-    """What the engine's model accepts: {HF name: (shape, dtype)}, the dtype it serves in, and the multiple its
-    FFN widths are padded to (`ffn_padding`; 1: none)."""
+    """What the engine's model accepts: {HF name: (shape, dtype)}, the dtype it serves in, the multiple its
+    FFN widths are padded to (`ffn_padding`; 1: none), and for a block-FP8 checkpoint its recipe (`quant`:
+    labkit.models.fp8.recipe_of; None: unquantized)."""
     tensors: dict[str, tuple[Shape, str]]
     dtype: str
     ffn_pad: int = 1
+    quant: dict | None = None
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path, dtype: str = "auto") -> Contract:
         """Names and shapes from the checkpoint headers (the HF names SGLang's loader accepts); every tensor
-        expected in the serving dtype (`auto`: config.json's torch_dtype, as SGLang reads it)."""
+        expected in the serving dtype (`auto`: config.json's torch_dtype, as SGLang reads it), except in a
+        block-FP8 checkpoint, whose fp8 weights and float32 scales are held as the headers say."""
+        config = json.loads((Path(model_dir) / "config.json").read_text())
         if dtype == "auto":
-            dtype = json.loads((Path(model_dir) / "config.json").read_text()).get("torch_dtype", "bfloat16")
-        return cls({n: (tuple(shape), dtype) for n, (shape, _) in checkpoint_tensors(model_dir).items()}, dtype)
+            dtype = config.get("torch_dtype", "bfloat16")
+        quant = recipe_of(config)
+        held = (lambda n, d: quant is not None and (d == E4M3 or n.endswith(SCALE_SUFFIX)))
+        return cls({n: (tuple(shape), d if held(n, d) else dtype)
+                    for n, (shape, d) in checkpoint_tensors(model_dir).items()}, dtype, quant=quant)
 
     @classmethod
     def find(cls, model_dir: str, dtype: str = "auto") -> Contract | None:
@@ -232,7 +247,8 @@ class Contract:
     def spec(self, ffn_pad: int | None = None) -> dict:
         """The plain, picklable form the sync layer passes around: {"tensors": {...}, "dtype": ...,
         "ffn_pad": ...} (a copy; `ffn_pad` given: the engine's, which only the engine's device decides)."""
-        return {"tensors": dict(self.tensors), "dtype": self.dtype, "ffn_pad": ffn_pad or self.ffn_pad}
+        return {"tensors": dict(self.tensors), "dtype": self.dtype, "ffn_pad": ffn_pad or self.ffn_pad,
+                "quant": self.quant}
 
 
 def _stamp(f: Path) -> tuple:

@@ -30,9 +30,23 @@ def cpu() -> bool:
     return not torch.cuda.is_available()
 
 
+def check_quantized_dtype(cfg: EngineConfig) -> None:
+    """A block-FP8 checkpoint serves with bf16 or fp16 activations: SGLang refuses float32 for it deep inside
+    its loader (`model_loader/loader.py:266-272`), after the engine's processes started. Refused here, naming
+    the fix; `auto` reads the checkpoint's own dtype (bfloat16 for labkit's FP8 checkpoints)."""
+    config = hf.check_model_dir(cfg.model_dir)
+    quant = (config.get("quantization_config") or {}).get("quant_method")
+    dtype = config.get("torch_dtype", "bfloat16") if cfg.dtype == "auto" else cfg.dtype
+    if quant and dtype == "float32":
+        raise Unsupported(f"EngineConfig.dtype={cfg.dtype!r}: model_dir={cfg.model_dir!r} is quantized "
+                          f"({quant}), which serves with bfloat16 or float16 activations, not float32; use "
+                          "dtype='bfloat16'")
+
+
 def check_startable(cfg: EngineConfig, speculative: bool = True) -> None:
     """Refuse, before any process starts, what a CPU engine cannot run (it would crash or hang SGLang)."""
     check_model_dir(cfg.model_dir)
+    check_quantized_dtype(cfg)
     if cfg.tp != 1 and cpu():
         raise Unsupported(f"EngineConfig.tp={cfg.tp}: a CPU engine runs TP=1 only")
     if speculative and cfg.speculative is not None and cpu():

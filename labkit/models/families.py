@@ -93,7 +93,15 @@ FAMILY_SIZES: dict[str, tuple[str, FamilySpec]] = {
                                           experts=84, moe_ffn=96)),
     "qwen3-moe-tiny": ("qwen3-moe", FamilySpec()),
     "deepseek-v3": ("deepseek-v3", FamilySpec(dense_layers=1)),
+    # Block-FP8 checkpoints (labkit.models.fp8): every quantized row block and K a multiple of 128, as SGLang's
+    # Fp8 methods require (q/k/v and gate/up parts, the expert width) and its weight checker assumes.
+    "qwen3-fp8": ("qwen3", FamilySpec(hidden=128, heads=2, kv_heads=1, head_dim=128, ffn=256)),
+    "qwen3-moe-fp8": ("qwen3-moe", FamilySpec(hidden=128, heads=2, kv_heads=1, head_dim=128, ffn=128, experts=4,
+                                              moe_ffn=128)),
 }
+# Presets written as a block-FP8 checkpoint (the engine's model dir) with their unquantized original in MASTER
+# beside it, the weights a trainer holds: a bf16 trainer syncing into an FP8 engine.
+FP8_PRESETS = ("qwen3-fp8", "qwen3-moe-fp8")
 
 
 def _preset(name: str) -> tuple[str, FamilySpec]:
@@ -200,13 +208,33 @@ def family_of(model_dir: str | Path) -> str:
 def family_model_dir(name: str, workdir: str | Path = "runs/models") -> str:
     """The directory of FAMILY_SIZES preset `name`, written under `workdir`/<name> from its spec's seed (once:
     a directory whose config.json is the preset's is reused as it is)."""
-    family, spec = _preset(name)
     out = Path(workdir) / name
+    return _fp8_preset_dir(name, out) if name in FP8_PRESETS else _written(name, out)
+
+
+def _written(name: str, out: Path) -> str:
+    """Preset `name` in `out`, written unless the directory already holds it (same config.json)."""
+    spec = _preset(name)[1]
     want = hf_config(name, spec).to_json_string(use_diff=False)
     if (out / "model.safetensors").is_file() and (out / "config.json").is_file() \
             and (out / "config.json").read_text() == want:
         return str(out)
     return str(make_family(name, out, spec))
+
+
+def _fp8_preset_dir(name: str, out: Path) -> str:
+    """An FP8 preset: its unquantized original under out/MASTER (reused as family presets are), and the block-FP8
+    checkpoint of it in `out`, written again whenever the original was."""
+    from labkit.models import fp8
+
+    master = out / fp8.MASTER
+    stamp = lambda: (master / "model.safetensors").stat().st_mtime_ns if (master / "model.safetensors").is_file() \
+        else None  # noqa: E731
+    before = stamp()
+    _written(name, master)
+    if before != stamp() or not (out / "model.safetensors").is_file():
+        fp8.write_checkpoint(master, out)
+    return str(out)
 
 
 def model_dir_for(model: str | Path | None, workdir: str | Path = "runs/models") -> str:

@@ -158,7 +158,8 @@ class Guard:
             self.store.adopt_model_dir(model_dir, v_before, before)
             return
         # Someone changed the weights outside labkit's syncs: read them back once (slow, but exact).
-        named = {n: self.engine.get_weights_by_name(n).to(lastgood.bk.torch_dtype(dtype)) for n in spec["tensors"]}
+        named = {n: self.engine.get_weights_by_name(n).to(lastgood.bk.torch_dtype(held))
+                 for n, (_, held) in spec["tensors"].items()}  # the read-back is float32: back to what is held
         if vf.expected_checksums(named, pad, algo) != before:
             raise EngineError("cannot take a bitwise copy of the weights the engine serves now (its read-back "
                               "does not hash to its checksums): refusing to sync without a rollback target")

@@ -14,7 +14,7 @@ from labkit.sync.memory import PeakRSS
 from labkit.sync.plan import Bucket, Plan
 from labkit.sync.transport import Transport
 
-PHASES = ("gather", "pack", "encode", "transfer", "load", "verify", "stage", "session", "setup")
+PHASES = ("gather", "quantize", "pack", "encode", "transfer", "load", "verify", "stage", "session", "setup")
 
 
 @dataclass

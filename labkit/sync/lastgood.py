@@ -25,6 +25,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from labkit import pids
+from labkit.engine.contract import Contract
 from labkit.sync import bucket as bk
 from labkit.sync.slots import Slots
 
@@ -255,10 +256,11 @@ def _remove_orphans(root: Path) -> None:
 
 
 def model_dir_tensors(model_dir: str, dtype: str) -> dict[str, torch.Tensor]:
-    """A model directory's safetensors, floating tensors cast to the engine's serving dtype."""
-    target = bk.torch_dtype(dtype)
+    """A model directory's safetensors as the engine holds them (labkit.engine.contract): floating tensors in the
+    engine's serving dtype, a block-FP8 checkpoint's fp8 weights and float32 scales as they are."""
+    held = (Contract.find(model_dir, dtype) or Contract.from_model_dir(model_dir, dtype)).tensors
     out = {}
     for f in sorted(Path(model_dir).glob("*.safetensors")):
         for n, t in load_file(str(f)).items():
-            out[n] = t.to(target) if t.is_floating_point() else t
+            out[n] = t.to(bk.torch_dtype(held[n][1])) if t.is_floating_point() else t
     return out

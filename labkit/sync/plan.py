@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from labkit.engine.contract import call_group, check_tensors, fused_group, plan_group  # noqa: F401 (re-exported)
+from labkit.models import fp8
 from labkit.sync.config import MB, SyncConfig
 
 ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
@@ -167,6 +168,13 @@ def check_coverage(plan: Plan, engine: dict | None, exclude: tuple[str, ...] = (
         return None
     check_tensors(engine, ((t.name, t.shape, t.dtype) for t in plan.tensors), "sync plan")
     sent = {t.name for t in plan.tensors}
+    unpaired = [n for n in sent if (fp8.weight_of(n) or n + fp8.SCALE_SUFFIX) in engine
+                and (fp8.weight_of(n) or n + fp8.SCALE_SUFFIX) not in sent
+                and (fp8.weight_of(n) is not None or engine[n][1] == fp8.E4M3)]
+    if unpaired:
+        raise ValueError(f"sync refused: {len(unpaired)} block-FP8 weights or scales would travel without their "
+                         f"other half (e.g. {sorted(unpaired)[:3]}); the engine would serve a weight with a scale "
+                         "it was not quantized with. Send or exclude a weight and its scale together")
     left = [n for n in engine if n not in sent]
     missing = [n for n in left if not any(x in n for x in exclude)]
     if missing:
@@ -181,11 +189,27 @@ def metas_of(named) -> list[TensorMeta]:
     return [TensorMeta(n, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in named]
 
 
-def make_plan(metas: list[TensorMeta], cfg: SyncConfig, engine_dtype: str | None = None) -> Plan:
-    """The plan a sync config asks for: per-tensor (one call each) or buckets within the memory budget."""
-    if engine_dtype:  # the engine serves in its own dtype; cast on the trainer side while packing
-        metas = [TensorMeta(m.name, m.shape, engine_dtype if m.dtype.startswith(("float", "bfloat")) else m.dtype)
-                 for m in metas]
+def planned_dtype(meta: TensorMeta, engine_dtype: str | None, engine_tensors: dict | None = None) -> str:
+    """The dtype a tensor travels in: the engine's for it (its contract's, else the serving dtype), cast on the
+    trainer side while packing, but only between the float formats a cast keeps (float32, bfloat16, float16).
+    Into or out of fp8 a cast is a quantization with a scale, which labkit.sync.quantize does or nothing does:
+    the tensor keeps its dtype and the contract check refuses it by name (a bf16 tensor cast into an fp8 slot
+    with the old scale served garbage and answered Success)."""
+    if meta.dtype not in CASTABLE:
+        return meta.dtype
+    want = engine_tensors[meta.name][1] if engine_tensors and meta.name in engine_tensors else engine_dtype
+    return want if want in CASTABLE else meta.dtype
+
+
+CASTABLE = ("float32", "bfloat16", "float16", "float64")
+
+
+def make_plan(metas: list[TensorMeta], cfg: SyncConfig, engine_dtype: str | None = None,
+              engine_tensors: dict | None = None) -> Plan:
+    """The plan a sync config asks for: per-tensor (one call each) or buckets within the memory budget, each
+    tensor in its `planned_dtype`."""
+    if engine_dtype or engine_tensors:
+        metas = [TensorMeta(m.name, m.shape, planned_dtype(m, engine_dtype, engine_tensors)) for m in metas]
     if cfg.transport == "per-tensor":
         return plan_buckets(metas, 1, group=call_group)  # one tensor per call (the MLA pair: one), the baseline
     budget = int(cfg.memory_budget_mb * MB) if cfg.memory_budget_mb else None

@@ -25,6 +25,7 @@ from labkit import failpoints as fp
 from labkit.sync import bucket as bk
 from labkit.sync import hooks as hk
 from labkit.sync import inflight
+from labkit.sync import quantize
 from labkit.sync.config import SyncConfig
 from labkit.sync.delta import DeltaState
 from labkit.sync.memory import PeakRSS, extra_at_peak
@@ -106,17 +107,19 @@ class Syncer:
         full or delta, make the transport."""
         cfg, excluded = s.cfg, []
         named_iter = excluding(named_iter, exclude, excluded) if exclude else named_iter
+        if engine_spec and engine_spec.get("quant"):  # a block-FP8 engine: its fp8 weights quantized here
+            named_iter = quantize.on_the_way(named_iter, engine_spec["tensors"], engine_spec["quant"], s.phases)
         bucket_bytes = 1 if cfg.transport == "per-tensor" else cfg.bucket_bytes
         # One trainer may sync engines serving different dtypes: a plan is replayed for the same bucket size
         # and engine dtype only (a bf16 engine refused an fp32 plan replayed from an fp32 engine's syncs).
-        key = (bucket_bytes, engine_spec and engine_spec.get("dtype"))
+        key = (bucket_bytes, engine_spec and engine_spec.get("dtype"), bool(engine_spec and engine_spec.get("quant")))
         replan = key not in self.plans
         if replan:
             named_iter = list(named_iter)  # first sync: learn the tensor list, then replay the plan
             s.phases["gather"] += time.perf_counter() - s.t_start
         t_setup = time.perf_counter()  # plan, validation, buffers, transport: paid in full on a first sync
         if replan:
-            self.plans[key] = make_plan(metas_of(named_iter), cfg, key[1])
+            self.plans[key] = make_plan(metas_of(named_iter), cfg, key[1], engine_spec and engine_spec["tensors"])
             while len(self.plans) > MAX_PLANS:
                 self.plans.pop(next(iter(self.plans)))
         self.plans[key] = self.plan = self.plans.pop(key)  # most recently used last

@@ -16,8 +16,9 @@ __all__ = ["engine_spec", "checked_expected"]
 
 def engine_spec(model_dir: str, dtype: str = "auto", ffn_pad: int = 1) -> dict:
     """What the engine's model expects (labkit.engine.contract.Contract, as a plain dict): {"tensors": {HF name:
-    (shape, dtype)}, "dtype": its serving dtype, "ffn_pad": the multiple its FFN widths are padded to}. A sync
-    adds "checksum", the hash its weight checker runs (EngineHandle.checksum_algo; absent: labkit's default)."""
+    (shape, dtype)}, "dtype": its serving dtype, "ffn_pad": the multiple its FFN widths are padded to, "quant":
+    a block-FP8 checkpoint's recipe or None}. A sync adds "checksum", the hash its weight checker runs
+    (EngineHandle.checksum_algo; absent: labkit's default)."""
     return (Contract.find(model_dir, dtype) or Contract.from_model_dir(model_dir, dtype)).spec(ffn_pad)
 
 

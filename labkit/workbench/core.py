@@ -28,6 +28,7 @@ from labkit.config import ParallelSpec, TrainConfig, check
 from labkit.engine import EngineConfig
 from labkit.engine.startup import place, start_engines
 from labkit.models.families import model_dir_for
+from labkit.models.fp8 import master_dir
 from labkit.mtp.rollout import rollout as rollout_rows
 from labkit.sync import sync
 from labkit.sync.config import SyncConfig
@@ -140,11 +141,13 @@ class Workbench:
         bar.update()
         bar.set_postfix_str("trainer")
         self.placement = place(spec, self.parallel.world_size)
-        self.trainer = Trainer(self.model_dir, self.parallel, train_cfg, placement=self.placement)
+        trainer_dir, quantized = master_dir(self.model_dir)  # an FP8 engine: the trainer holds the bf16 original
+        self.trainer = Trainer(trainer_dir, self.parallel, train_cfg, placement=self.placement)
         bar.update()
         bar.set_postfix_str("engine")
-        cfg = engine_cfg or EngineConfig(model_dir=self.model_dir, dtype="float32", max_total_tokens=4096,
-                                         mem_fraction_static=0.05)
+        # float32 so syncs compare bitwise; FP8 serves with bf16 activations (its weights still compare bitwise)
+        cfg = engine_cfg or EngineConfig(model_dir=self.model_dir, dtype="bfloat16" if quantized else "float32",
+                                         max_total_tokens=4096, mem_fraction_static=0.05)
         if engine_url:
             cfg = replace(cfg, url=engine_url)
         # Every engine that started is kept, so that close() stops it even when another one failed.

@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # plotly is imported lazily: `import labkit.workbench.viz` st
 MB = 1 << 20
 # Every phase a sync's wall time is spent in (labkit.sync.inflight.PHASES); setup (plan, buffers, transport) is
 # paid in full only by a cold sync (`sync/cold`), so it is drawn and named as the one-off it is.
-PHASES = ("gather", "pack", "encode", "transfer", "load", "verify", "stage", "session", "setup")
+PHASES = ("gather", "quantize", "pack", "encode", "transfer", "load", "verify", "stage", "session", "setup")
 PHASE_NAMES = {"setup": "setup (one-off)", "session": "session (fixed calls)"}
 
 

@@ -105,13 +105,28 @@ def test_a_recreated_parameter_is_re_resolved():
     assert torch.equal(m.norm, flat.view(torch.float32))  # the plan copied into the new parameter
 
 
-def test_shape_or_dtype_mismatch_falls_back_and_a_foreign_payload_is_refused():
+def test_a_shape_mismatch_falls_back_and_a_foreign_payload_is_refused():
     m = Model()
-    key, flat = _bucket({"q": torch.randn(2, 3), "norm": torch.randn(3, dtype=torch.float64)})
+    key, flat = _bucket({"q": torch.randn(2, 3), "norm": torch.randn(3)})
     apply.load_flat(m, [(key, flat)])
-    assert m.loaded == ["q", "norm"]  # the model's loader casts, shards or refuses with its own message
+    assert m.loaded == ["q"]  # the model's loader shards or refuses with its own message
     with pytest.raises(ValueError, match="not a labkit flat bucket"):
         apply.load_flat(m, [("model.norm.weight", flat)])
+
+
+@pytest.mark.parametrize("sent", [torch.float64, torch.bfloat16, torch.float8_e4m3fn])
+def test_a_dtype_mismatch_is_refused_by_name_before_the_bucket_writes_anything(sent):
+    """The field's silent failure: a bf16 export sent into an fp8 engine was cast with the old scale by SGLang's
+    loader and answered Success. Refused here, naming the tensor and both dtypes; q, in the same bucket and
+    planned first, is not written either, and nothing goes to the model's loader."""
+    from labkit.engine.contract import ContractMismatch
+
+    m = Model()
+    key, flat = _bucket({"q": torch.randn(4, 3), "norm": torch.randn(3).to(sent)})
+    with pytest.raises(ContractMismatch, match=rf"'norm': dtype {str(sent).removeprefix('torch.')} sent for an "
+                                               "engine parameter of dtype float32"):
+        apply.load_flat(m, [(key, flat)])
+    assert not m.qkv.any() and not m.norm.any() and m.loaded == []
 
 
 def test_bench_verdict_fails_when_the_engine_did_not_change_or_a_sync_did_not_verify():

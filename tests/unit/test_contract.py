@@ -130,7 +130,7 @@ def test_the_kept_contract_follows_a_rewritten_checkpoint(tmp_path):
 def test_contract_from_model_dir_is_what_engine_spec_returns(model_dir):
     c = Contract.from_model_dir(model_dir)
     assert c.dtype == json.load(open(f"{model_dir}/config.json")).get("torch_dtype", "bfloat16")
-    assert engine_spec(model_dir) == {"tensors": c.tensors, "dtype": c.dtype, "ffn_pad": 1}
+    assert engine_spec(model_dir) == {"tensors": c.tensors, "dtype": c.dtype, "ffn_pad": 1, "quant": None}
     assert engine_spec(model_dir, ffn_pad=32)["ffn_pad"] == 32
     f32 = Contract.from_model_dir(model_dir, "float32")
     assert set(f32.tensors) == set(c.tensors) and {d for _, d in f32.tensors.values()} == {"float32"}

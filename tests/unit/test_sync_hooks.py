@@ -96,7 +96,7 @@ def test_alternating_transports_replay_each_plan_and_the_pool_is_sized_to_the_pl
         cold.append(m["sync/cold"])
         assert m["sync/verified"] is True
     assert cold == [True, True, False, False, False]
-    bucketed = next(p for (size, _), p in syncer.plans.items() if size != 1)
+    bucketed = next(p for (size, *_), p in syncer.plans.items() if size != 1)
     assert len(syncer.plans) == 2 and syncer.pool.nbytes == max(b.nbytes for b in bucketed.buckets if not b.oversize)
     m = syncer.run(_export(), engine, SyncConfig(**{**CFG, "bucket_mb": 0.001}), _spec())  # a larger bucket
     assert m["sync/cold"] is True and syncer.pool.nbytes == max(b.nbytes for b in syncer.plan.buckets if not b.oversize)

@@ -3,10 +3,10 @@ there (labkit.engine.inside.apply runs them inside SGLang's scheduler).
 
 Compiled once per layout (the same every sync of a replayed plan): the destination slice of each tensor from
 the model's `param_view(hf_name)` (the view `get_weights_by_name` reads back), the tensors the model must load
-itself (`fallback`: no `param_view`, TP > 1, a shape or dtype the view does not have), and the copies of the
-rest merged into a few strided ones (labkit.engine.inside.copyruns: an MoE bucket's hundreds of expert tensors become a
-handful of copies). A parameter re-created since (a post-load repack, a memory resume) makes the plan compile
-again (`moved`), so no copy lands in orphaned storage.
+itself (`fallback`: no `param_view`, TP > 1, a shape the view does not have; a dtype it does not have is
+refused, never cast), and the copies of the rest merged into a few strided ones (labkit.engine.inside.copyruns:
+an MoE bucket's hundreds of expert tensors become a handful of copies). A parameter re-created since (a
+post-load repack, a memory resume) makes the plan compile again (`moved`), so no copy lands in orphaned storage.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from labkit.engine.contract import ContractMismatch
 from labkit.engine.inside import copyruns
 
 
@@ -94,7 +95,9 @@ def _compile(model, key: str) -> CopyPlan:
     for i, (name, dtype, shape, _, _) in enumerate(plan.entries):
         found = view(name) if view is not None and tp == 1 else None
         dst = None if found is None else found[1]
-        if dst is None or tuple(dst.shape) != tuple(shape) or str(dst.dtype) != f"torch.{dtype}":
+        if dst is not None and tuple(dst.shape) == tuple(shape) and str(dst.dtype) != f"torch.{dtype}":
+            raise ContractMismatch(_cast_refused(name, dtype, dst.dtype))
+        if dst is None or tuple(dst.shape) != tuple(shape):
             plan.fallback.append(i)  # the model's own loader: casts, shards, or refuses with its message
         else:
             plan.direct.append(i)
@@ -113,6 +116,17 @@ def _compile(model, key: str) -> CopyPlan:
     while len(_plans) > MAX_PLANS:  # layouts change with the bucket size: the oldest go first
         _plans.popitem(last=False)
     return plan
+
+
+def _cast_refused(name: str, sent: str, held: torch.dtype) -> str:
+    """A tensor of one dtype for a parameter of another is refused before this bucket writes anything: SGLang's
+    fused and row-parallel loaders would cast it with a plain `copy_` (`layers/parameter.py:224/274/318`), and
+    into an fp8 parameter that cast keeps the old block scale (a bf16 export served as garbage, reported
+    Success). A cast the sender wants is the sender's (labkit.sync.plan.planned_dtype); a quantization is
+    labkit.sync.quantize's."""
+    return (f"{name!r}: dtype {sent} sent for an engine parameter of dtype {str(held).removeprefix('torch.')}; "
+            "refused before this bucket wrote anything (a cast here would be silent; an fp8 one would keep the "
+            "old scale)")
 
 
 def _segment(entry: list, dst: torch.Tensor) -> copyruns.Segment:

@@ -13,6 +13,8 @@ import torch as _torch
 # before any batch forms: the seeds apply to every batch. A process that uses labkit's weights mixin without
 # SGLang (labkit bench device's engine stand-in) has nothing to patch, and importing SGLang there cost ~10 s.
 if not _torch.cuda.is_available() and "sglang" in _sys.modules:
+    from labkit.engine.inside import fp8_cpu as _fp8_cpu
     from labkit.compat import seeded as _seeded
 
     _seeded.patch_sampling_seeds()
+    _fp8_cpu.apply()  # block-FP8 checkpoints served torch-natively (SGLang's CPU path needs AMX)

@@ -36,7 +36,8 @@ logger = logging.getLogger(__name__)
 
 # checkpoint leftovers SGLang's own loaders skip everywhere
 IGNORED = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
-EXPERT_PARAMS = ("w13_weight", "w2_weight")
+EXPERT_PARAMS = ("w13_weight", "w2_weight", "w13_weight_scale_inv", "w2_weight_scale_inv")
+SCALE = "_scale_inv"  # a block-FP8 weight's scale (labkit.models.fp8): its rows are the weight's, one per block
 
 
 def shard_sizes(module) -> list[int]:
@@ -50,7 +51,7 @@ def expert_view(weight: torch.Tensor, kind: str, index: int, true_ffn: int | Non
     """The slice of FusedMoE's stacked `weight` that holds one HF expert tensor: `w13_weight` shard 2e is
     expert e's gate (rows [0, I) of the padded 2*Ip), 2e+1 its up (rows [Ip, Ip+I)); `w2_weight` shard e is
     its down (columns [0, I)). `true_ffn` None: unpadded (I = Ip)."""
-    if kind == "w2_weight":
+    if kind.startswith("w2_weight"):
         return weight[index].narrow(1, 0, true_ffn or weight.shape[2])
     padded = weight.shape[1] // 2
     return weight[index // 2].narrow(0, (index % 2) * padded, true_ffn or padded)
@@ -81,23 +82,30 @@ class LabkitWeights:
             weight = self.get_parameter(target).data
         except AttributeError:
             return None
+        block = self._scale_block() if target.endswith(SCALE) else 1  # a scale has a row per block of rows
         if part is not None and target.endswith(EXPERT_PARAMS):
             true_ffn = getattr(self.config, "original_moe_intermediate_size", None)
+            true_ffn = -(-true_ffn // block) if true_ffn else None
             return target, expert_view(weight, target.rsplit(".", 1)[1], part[1], true_ffn)
         owner = self.get_submodule(target.rsplit(".", 1)[0])
         if part is not None:
-            sizes = shard_sizes(owner)
-            rows = min(sizes[part[1]], self._true_ffn(target) or sizes[part[1]])
+            sizes = [-(-n // block) for n in shard_sizes(owner)]
+            rows = min(sizes[part[1]], -(-(self._true_ffn(target) or 0) // block) or sizes[part[1]])
             return target, weight.narrow(0, sum(sizes[:part[1]]), rows)
         if target.endswith(".mlp.down_proj.weight") or ".shared_experts.down_proj." in target:
             return target, weight.narrow(1, 0, self._true_ffn(target) or weight.shape[1])
         org = getattr(owner, "org_vocab_size", None)  # vocab-parallel tables are padded
         return target, (weight[:org] if org is not None and weight.shape[0] > org else weight)
 
+    def _scale_block(self) -> int:
+        """Rows of weight per row of a block-FP8 scale (SGLang's Fp8Config.weight_block_size[0])."""
+        return int(self.quant_config.weight_block_size[0])
+
     def _true_ffn(self, target: str) -> int | None:
         """The checkpoint's width of the FFN block `target` belongs to, where a CPU engine padded it (SGLang keeps
         the true value as `original_<attr>`); None where nothing was padded or `target` is not an FFN block."""
-        if ".mlp." not in target or not target.endswith(("gate_up_proj.weight", "down_proj.weight")):
+        if ".mlp." not in target or not target.removesuffix(SCALE).endswith(("gate_up_proj.weight",
+                                                                             "down_proj.weight")):
             return None
         cfg = self.config
         if ".shared_experts." in target:
@@ -147,6 +155,10 @@ def install_checksum() -> bool:
         return ck.checksum(t, "xxh3_64")  # xxh3 on CPU, labkit's device hash on GPU (labkit.engine.checksum)
 
     wc._hash_tensor = _hash_tensor
+    # A block-FP8 weight is hashed as the bytes it holds, its fp8 weight and its scale apart, as the trainer hashes
+    # what it sent (labkit.sync.quantize), not as SGLang's bf16 dequantization, which two different weight/scale
+    # pairs can share and whose block size SGLang guesses from the shapes (`weight_checker_comparator.py:79-84`).
+    wc.select_comparable_weight = lambda quant_method: None
     _checksum_installed = True
     _install_memo(wc.WeightChecker)
     return True
