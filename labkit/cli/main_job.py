@@ -65,7 +65,7 @@ def cmd_sync(args) -> int:
 
     # Validate every flag before anything starts.
     cfg = SyncConfig(transport=args.transport, bucket_mb=args.bucket_mb, memory_budget_mb=args.memory_budget_mb,
-                     verify=args.verify, progress=not args.json)
+                     verify=args.verify, probe=args.probe, probe_kl_max=args.probe_kl_max, progress=not args.json)
     parallel = ParallelSpec(tp=args.tp, pp=args.pp, ep=args.ep)
     where = PlacementSpec(mode=args.placement, trainer_resource=args.trainer_resource,
                           engine_resource=args.engine_resource, engines=args.engines)
@@ -98,7 +98,7 @@ def add_commands(sub) -> None:
     d.set_defaults(fn=cmd_demo)
 
     d = sub.add_parser("sync", help="train a few steps, sync into a real SGLang engine, verify, compare greedy")
-    add_arguments(d, SyncConfig, ("transport", "bucket_mb", "memory_budget_mb", "verify"))
+    add_arguments(d, SyncConfig, ("transport", "bucket_mb", "memory_budget_mb", "verify", "probe", "probe_kl_max"))
     add_model_arguments(d, "data/tiny-mimo")
     add_arguments(d, EngineConfig, ("url",), base=EngineConfig(model_dir="data/tiny-mimo"),
                   flags={"url": "--engine-url"})

@@ -38,6 +38,13 @@ def sync(trainer: Producer, engine, cfg: SyncConfig | None = None, weight_versio
         return guard_for(engine).sync(trainer, cfg, expected, weight_version, tuple(exclude))
     m = trainer.export_to(Syncer(), engine.portable(), cfg, expected, weight_version, exclude=tuple(exclude))
     m.pop(ENGINE_CHECKSUMS, None)
+    if cfg.probe:  # not atomic: a failing probe is raised, and the engine keeps the weights it got
+        from labkit.engine.errors import EngineError
+        from labkit.sync import probe
+
+        m.update(probe.measure(trainer, engine, cfg.probe, probe.vocab_of(expected)))
+        if (why := probe.verdict(m, cfg.probe_kl_max)) is not None:
+            raise EngineError(why + " (atomic=False: the engine keeps these weights)")
     return m
 
 
@@ -71,6 +78,9 @@ def stream(named_tensors, engine, cfg: SyncConfig | None = None, weight_version:
         raise ValueError(f"stream(): SyncConfig.delta={cfg.delta} needs a copy of the engine's weights kept between "
                          "calls, and stream() keeps none (each call plans afresh); use delta=0 here, or "
                          "labkit.sync.sync() from a trainer, which keeps it")
+    if cfg.probe:
+        raise ValueError(f"stream(): SyncConfig.probe={cfg.probe} compares the engine with a trainer's forward, and "
+                         "stream() has only tensors; use probe=0 here, or labkit.sync.sync() from a trainer")
     expected = checked_expected(engine, exclude)
     producer = LocalProducer(named_tensors)
     if cfg.atomic:

@@ -39,6 +39,7 @@ from dataclasses import replace
 from labkit.engine import checksum as ck
 from labkit.engine.errors import EngineError, EngineUnreachable
 from labkit.sync import lastgood
+from labkit.sync import probe
 from labkit.sync import verify as vf
 from labkit.sync.producer import Producer
 from labkit.sync.session import Syncer
@@ -132,13 +133,19 @@ class Guard:
             if m.get("sync/verified") is False:
                 raise EngineError(f"verification failed: {len(m['verify/mismatched'])} tensors differ "
                                   f"(e.g. {m['verify/mismatched'][:3]}), {len(m['verify/missing'])} missing")
+            if cfg.probe:  # in behaviour: it generates, so the engine serves the verified weights from here on
+                engine.continue_generation()
+                m.update(probe.measure(producer, engine, cfg.probe, probe.vocab_of(spec)))
+                if (why := probe.verdict(m, cfg.probe_kl_max)) is not None:
+                    raise EngineError(why)
         except BaseException as e:
             self.store.discard(staging)
             raise self._fail(e, before, v_before, version, dtype, time.perf_counter() - t0, cfg) from None
         t1 = time.perf_counter()
         after = m.pop(ENGINE_CHECKSUMS, None) or engine.checksums()  # verify's own read, if it made one
         self.store.promote(staging, version, after, dtype)
-        engine.continue_generation()
+        if not cfg.probe:  # the probe continued it
+            engine.continue_generation()
         self.synced += 1
         m["timing/sync/guard"] = round(t_guard + time.perf_counter() - t1, 6)
         m.update({"sync/atomic": True, "sync/restored": False, "timing/sync/total_guarded":

@@ -71,6 +71,15 @@ class SyncConfig:
     (measured by `labkit bench device`) has run against a real GPU engine."""
     pause_mode: PauseMode = "abort"
     """Atomic syncs: SGLang's pause mode (abort, retract; in_place is refused; labkit.lab.bench.serve)."""
+    probe: int = 0
+    """Behaviour check after each sync (labkit.sync.probe): the engine samples `probe` tokens for each of a fixed
+    batch of prompts and the trainer scores the same tokens; `sync/probe_kl` (their KL estimate) above
+    `probe_kl_max` fails the sync and, atomic, restores the last good weights. It catches what checksums cannot:
+    stale derived weights, caches, an engine serving something other than what it holds. 0: off. Needs a
+    producer that scores tokens (the Trainer)."""
+    probe_kl_max: float = 0.02
+    """The largest `sync/probe_kl` a sync may show: an fp32 engine matches an fp32 trainer to ~1e-6, and block
+    FP8's own quantization error on labkit's FP8 presets stays well below this (docs/fp8.md)."""
 
     def __post_init__(self) -> None:
         check_choice(self, "transport")
@@ -99,6 +108,10 @@ class SyncConfig:
         check(self.host_threads is None or (isinstance(self.host_threads, int) and not isinstance(
             self.host_threads, bool) and self.host_threads >= 1), "host_threads", self.host_threads,
               "None (every core but the engine's) or a positive number of threads")
+        check(isinstance(self.probe, int) and not isinstance(self.probe, bool) and self.probe >= 0, "probe",
+              self.probe, "0 (off) or the tokens to sample per probe prompt")
+        check(isinstance(self.probe_kl_max, (int, float)) and not isinstance(self.probe_kl_max, bool)
+              and self.probe_kl_max > 0, "probe_kl_max", self.probe_kl_max, "a positive number")
         check_choice(self, "pause_mode")
         check_choice(self, "engine_loader")
         if self.delta:
