@@ -156,3 +156,17 @@ def test_a_trainer_loads_the_unquantized_original_and_an_fp8_checkpoint_without_
     shutil.copytree(moe_fp8, alone, ignore=shutil.ignore_patterns(MASTER))
     with pytest.raises(FileNotFoundError, match="block-FP8 checkpoint without its unquantized original"):
         fp8.master_dir(alone)
+
+
+def test_fp8_tensors_cross_to_the_engine_actor_as_bytes_because_plain_pickle_cannot_load_them():
+    import pickle
+
+    from labkit.engine.actor import from_ray, to_ray
+
+    q = fp8.quantize(torch.randn(130, 70))[0]
+    with pytest.raises(AttributeError, match="has no attribute 'dtype'"):  # torch 2.14, what Ray's pickle meets
+        pickle.loads(pickle.dumps(q))
+    payload = [("w", q), ("norm", torch.randn(3))]
+    back = from_ray(pickle.loads(pickle.dumps(to_ray(payload))))
+    assert back[0][1].dtype == torch.float8_e4m3fn and torch.equal(back[0][1].view(torch.uint8), q.view(torch.uint8))
+    assert torch.equal(back[1][1], payload[1][1])

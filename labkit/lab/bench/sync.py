@@ -154,13 +154,16 @@ def engine_matches_export(wb) -> bool:
     from labkit.engine import checksum as ck
     from labkit.engine.contract import ffn_padding
     from labkit.sync import bucket as bk
+    from labkit.sync import quantize
     from labkit.sync import verify as vf
     from labkit.sync.spec import engine_spec
 
     e = wb.engine
     spec = engine_spec(e.cfg.model_dir, e.cfg.dtype, ffn_padding(e.device, e.tp_size))
-    dtype = bk.torch_dtype(spec["dtype"])
-    named = {n: t.to(dtype) for n, t in wb.trainer.export()}
+    named = wb.trainer.export()
+    if spec.get("quant"):  # a block-FP8 engine holds the export quantized (labkit.sync.quantize)
+        named = quantize.on_the_way(iter(named), spec["tensors"], spec["quant"])
+    named = {n: t.to(bk.torch_dtype(spec["tensors"][n][1])) for n, t in named}
     expected = vf.expected_checksums(named, spec.get("ffn_pad", 1), spec.get("checksum", ck.DEFAULT))
     return vf.compare(expected, e.checksums())["sync/verified"] is True
 
