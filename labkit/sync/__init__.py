@@ -43,7 +43,7 @@ def sync(trainer: Producer, engine, cfg: SyncConfig | None = None, weight_versio
         from labkit.sync import probe
 
         m.update(probe.measure(trainer, engine, cfg.probe, probe.vocab_of(expected)))
-        if (why := probe.verdict(m, cfg.probe_kl_max)) is not None:
+        if (why := probe.verdict(m, probe.limit(cfg.probe_kl_max, expected))) is not None:
             raise EngineError(why + " (atomic=False: the engine keeps these weights)")
     return m
 

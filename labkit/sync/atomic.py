@@ -136,7 +136,7 @@ class Guard:
             if cfg.probe:  # in behaviour: it generates, so the engine serves the verified weights from here on
                 engine.continue_generation()
                 m.update(probe.measure(producer, engine, cfg.probe, probe.vocab_of(spec)))
-                if (why := probe.verdict(m, cfg.probe_kl_max)) is not None:
+                if (why := probe.verdict(m, probe.limit(cfg.probe_kl_max, spec))) is not None:
                     raise EngineError(why)
         except BaseException as e:
             self.store.discard(staging)

@@ -77,9 +77,11 @@ class SyncConfig:
     `probe_kl_max` fails the sync and, atomic, restores the last good weights. It catches what checksums cannot:
     stale derived weights, caches, an engine serving something other than what it holds. 0: off. Needs a
     producer that scores tokens (the Trainer)."""
-    probe_kl_max: float = 0.02
-    """The largest `sync/probe_kl` a sync may show: an fp32 engine matches an fp32 trainer to ~1e-6, and block
-    FP8's own quantization error on labkit's FP8 presets stays well below this (docs/fp8.md)."""
+    probe_kl_max: float | None = None
+    """The largest `sync/probe_kl` a sync may show. None: by the engine's precision (labkit.sync.probe.limit),
+    1e-4 for a float32 engine, 0.25 for a bf16, fp16 or block-FP8 one, set from data/probe_calibration_cpu.json
+    (a correct fp32 sync reads <= 1e-9, one training step stale >= 1e-3; a correct FP8 sync reads 0.05-0.08 on
+    labkit's tiny FP8 preset, its quantization's own KL)."""
 
     def __post_init__(self) -> None:
         check_choice(self, "transport")
@@ -110,8 +112,9 @@ class SyncConfig:
               "None (every core but the engine's) or a positive number of threads")
         check(isinstance(self.probe, int) and not isinstance(self.probe, bool) and self.probe >= 0, "probe",
               self.probe, "0 (off) or the tokens to sample per probe prompt")
-        check(isinstance(self.probe_kl_max, (int, float)) and not isinstance(self.probe_kl_max, bool)
-              and self.probe_kl_max > 0, "probe_kl_max", self.probe_kl_max, "a positive number")
+        check(self.probe_kl_max is None or (isinstance(self.probe_kl_max, (int, float)) and not isinstance(
+            self.probe_kl_max, bool) and self.probe_kl_max > 0), "probe_kl_max", self.probe_kl_max,
+              "None (by the engine's precision) or a positive number")
         check_choice(self, "pause_mode")
         check_choice(self, "engine_loader")
         if self.delta:

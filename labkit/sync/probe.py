@@ -13,9 +13,9 @@ refit; this is that check, on a fixed probe batch, after every sync that asks fo
    KL(engine || trainer) over tokens the engine drew (Schulman's; unbiased, never negative), and
    `sync/probe_max_abs_logprob_diff` = max |d|.
 
-An fp32 engine and an fp32 trainer agree to ~1e-6; a bf16 or block-FP8 engine shows its own rounding (the
-quantization's own KL). Above `SyncConfig.probe_kl_max` the sync fails (labkit.sync.atomic restores). The probe
-runs once the engine serves again: it needs generation, which a paused engine holds.
+An fp32 engine and an fp32 trainer agree to ~1e-9; a bf16 or block-FP8 engine shows its own rounding (the
+quantization's own KL). Above `SyncConfig.probe_kl_max` (`limit`) the sync fails (labkit.sync.atomic restores).
+The probe runs once the engine serves again: it needs generation, which a paused engine holds.
 """
 
 from __future__ import annotations
@@ -60,6 +60,21 @@ def measure(producer, engine, tokens: int, vocab: int, seed: int = SEED) -> dict
 def vocab_of(spec: dict) -> int:
     """The checkpoint's vocabulary rows, from an engine spec (labkit.sync.spec.engine_spec)."""
     return int(spec["tensors"]["model.embed_tokens.weight"][0][0])
+
+
+# `SyncConfig.probe_kl_max=None`: the limit by the engine's precision, from data/probe_calibration_cpu.json (made
+# by scripts/probe_calibration.py): a correct fp32 sync reads <= 1.2e-9 and an engine one training step stale
+# >= 1.1e-3, so 1e-4 sits a decade from each; a correct block-FP8 sync reads 0.05-0.08 on labkit's FP8 preset (its
+# quantization's own KL, as large there as one step's drift: the bytes, not the probe, catch a stale FP8 engine),
+# so 0.25 fails what computes far from the trainer (a broken kernel, a wrong layout, weights cast with old scales).
+LIMITS = {"float32": 1e-4, "other": 0.25}
+
+
+def limit(kl_max: float | None, spec: dict) -> float:
+    """The probe's threshold: `kl_max` if given, else by the engine's serving dtype and quantization."""
+    if kl_max is not None:
+        return kl_max
+    return LIMITS["float32"] if spec.get("dtype") == "float32" and not spec.get("quant") else LIMITS["other"]
 
 
 def verdict(m: dict, kl_max: float) -> str | None:

@@ -21,8 +21,30 @@ def _labkit(*args, timeout=600):
     return p.returncode, p.stdout.strip().splitlines(), p.stderr
 
 
-def test_bench_sync_cli_prints_the_metric_keys():
-    rc, out, err = _labkit("bench", "sync", "--quick", "--reps", "1", "--bucket-mb", "4", "--json")
+CLIS = {"bench": ("bench", "sync", "--quick", "--reps", "1", "--bucket-mb", "4", "--json"),
+        "tune": ("tune", "--quick", "--lo-mb", "0.5", "--hi-mb", "8", "--memory-budget-mb", "16", "--max-trials", "3",
+                 "--json")}
+
+
+@pytest.fixture(scope="module")
+def clis() -> dict:
+    """`labkit bench sync` and `labkit tune`, run at the same time (each starts its own Ray, trainer and engine, a
+    minute of mostly waiting on 2 cores; their timings are not asserted): {name: (rc, stdout lines, stderr)}."""
+    procs = {k: subprocess.Popen([sys.executable, "-m", "labkit.cli", *a], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for k, a in CLIS.items()}
+    out = {}
+    for k, p in procs.items():
+        try:
+            stdout, stderr = p.communicate(timeout=900)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            stdout, stderr = p.communicate()
+        out[k] = (p.returncode, stdout.strip().splitlines(), stderr)
+    return out
+
+
+def test_bench_sync_cli_prints_the_metric_keys(clis):
+    rc, out, err = clis["bench"]
     assert rc == 0, err[-3000:]
     m = json.loads(out[-1])
     for k in BENCH_KEYS:
@@ -44,9 +66,8 @@ def test_bench_sync_cli_prints_the_metric_keys():
     assert m["bench/peak_extra_bytes"] <= 2 * m["bench/bucket_bytes"] + 2 * m["bench/largest_tensor_bytes"]
 
 
-def test_tune_cli_sweeps_under_budget_and_autotunes():
-    rc, out, err = _labkit("tune", "--quick", "--lo-mb", "0.5", "--hi-mb", "8", "--memory-budget-mb", "16",
-                           "--max-trials", "3", "--json")
+def test_tune_cli_sweeps_under_budget_and_autotunes(clis):
+    rc, out, err = clis["tune"]
     assert rc == 0, err[-3000:]
     m = json.loads(out[-1])
     for k in TUNE_KEYS:

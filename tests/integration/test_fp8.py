@@ -1,27 +1,38 @@
-"""A bf16 trainer's weights into a block-FP8 engine, on the real stack: labkit's Megatron trainer holds the
-unquantized original of the FP8 Qwen3-MoE preset, the real SGLang engine on CPU (labkit's torch-native FP8
-layer, labkit.engine.inside.fp8_cpu) serves the FP8 checkpoint (fp8 attention, dense and expert weights; bf16
-router, norms and vocabulary). Each sync is quantized on the way and checked in bytes (the fp8 weights and the
-scales hashed as held), in behaviour (the probe: the trainer scores what the engine samples) and against a twin
-engine that holds the same weights dequantized in bf16 (greedy output equal). The refusal the field lacks: a
-bf16 tensor sent into an fp8 parameter is refused by name, not cast."""
+"""Unquantized weights into a block-FP8 engine, on the real SGLang engine on CPU (labkit's torch-native FP8 layer,
+labkit.engine.inside.fp8_cpu) serving labkit's FP8 Qwen3-MoE preset (fp8 attention, dense and expert weights;
+bf16 router, norms and vocabulary). Each sync is quantized on the way and checked in bytes (the fp8 weights and
+the scales hashed as held), against a twin engine that holds the same weights dequantized in bf16 (greedy output
+equal), and in behaviour (the probe) against a transformers model of the unquantized weights, which plays the
+trainer here; the Megatron trainer's FP8 sync with the probe runs through `labkit sync` in
+tests/integration/test_shm_cleanup.py. The refusal the field lacks: a bf16 tensor sent into an fp8 parameter is
+refused by name, not cast."""
 
 import pytest
 import torch
 
+from labkit import failpoints as fp
 from labkit.engine.contract import Contract, ContractMismatch
 from labkit.models import fp8
 from labkit.models.families import family_model_dir
-from labkit.sync import SyncConfig, stream
+from labkit.sync import SyncConfig, probe, stream
 from labkit.sync import verify as vf
-from labkit.sync.atomic import SyncFailed
+from labkit.sync.atomic import SyncFailed, guard_for
+from labkit.sync.producer import LocalProducer
 from labkit.sync.quantize import on_the_way
+from labkit.sync.spec import checked_expected
 from tests.integration.conftest import engine_config
 
 pytestmark = pytest.mark.integration
 
 GREEDY = {"max_new_tokens": 12, "temperature": 0.0}
 FAST = dict(bucket_mb=0.05, progress=False, timeout_s=60.0, deadline_s=120.0)
+IDS = [[5, 17, 33, 40], [60, 2, 9], [77, 78, 79, 80, 81]]
+
+
+def _load(path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
 
 
 def _dequantized(named: dict) -> dict:
@@ -34,68 +45,112 @@ def _dequantized(named: dict) -> dict:
     return out
 
 
-@pytest.fixture(scope="module")
-def bench(tmp_path_factory):
-    """(Workbench on the FP8 preset, its bf16 twin engine, the FP8 model dir)."""
-    from safetensors.torch import load_file, save_file
+class Scorer(LocalProducer):
+    """A producer that can score tokens (what the probe needs of a trainer): the unquantized weights of a model
+    dir, exported as they are, and a transformers model of them for `forward`."""
 
+    def __init__(self, model_dir):
+        from transformers import AutoModelForCausalLM
+
+        super().__init__(list(_load(f"{model_dir}/model.safetensors").items()))
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+
+    @torch.no_grad()
+    def forward(self, ids):
+        return {"logits": self.model(ids).logits}
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    """(FP8 engine, bf16 twin, FP8 model dir, a shifted copy of the unquantized original)."""
+    from safetensors.torch import save_file
+
+    from labkit.cluster import runtime
     from labkit.engine import EngineHandle
     from labkit.models.tiny import save_weights_as
-    from labkit.workbench import Workbench
 
     model_dir = family_model_dir("qwen3-moe-fp8", tmp_path_factory.mktemp("fp8"))
-    twin_dir = save_weights_as(f"{model_dir}/{fp8.MASTER}", tmp_path_factory.mktemp("twin"), {})
-    save_file(_dequantized(load_file(f"{model_dir}/model.safetensors")), str(twin_dir / "model.safetensors"))
-    with Workbench(model_dir, progress=False) as wb:
-        twin = EngineHandle.start(engine_config(twin_dir, dtype="bfloat16"))
-        try:
-            yield wb, twin, model_dir
-        finally:
-            twin.shutdown()
+    master = f"{model_dir}/{fp8.MASTER}"
+    twin_dir = save_weights_as(master, tmp_path_factory.mktemp("twin"), {})
+    save_file(_dequantized(_load(f"{model_dir}/model.safetensors")), str(twin_dir / "model.safetensors"))
+    g = torch.Generator().manual_seed(7)
+    shifted = save_weights_as(master, tmp_path_factory.mktemp("shifted"), {
+        n: t + 0.05 * torch.randn(t.shape, generator=g) for n, t in _load(f"{master}/model.safetensors").items()})
+    runtime.init()
+    engine = EngineHandle.start(engine_config(model_dir, dtype="bfloat16"))
+    twin = EngineHandle.start(engine_config(twin_dir, dtype="bfloat16"))
+    try:
+        yield engine, twin, model_dir, shifted
+    finally:
+        engine.shutdown()
+        twin.shutdown()
 
 
-def _greedy(engine, ids) -> list[list[int]]:
-    return [o["tokens"] for o in engine.generate(input_ids=ids, sampling=GREEDY)]
+def _greedy(engine) -> list[list[int]]:
+    return [o["tokens"] for o in engine.generate(input_ids=IDS, sampling=GREEDY)]
 
 
-def test_a_bf16_trainer_syncs_into_an_fp8_engine_verified_in_bytes_and_behaviour(bench):
-    wb, twin, model_dir = bench
-    assert wb.engine.cfg.dtype == "bfloat16" and wb.trainer.model_dir.endswith(fp8.MASTER)
-    ids = [[5, 17, 33, 40], [60, 2, 9], [77, 78, 79, 80, 81]]
-    assert _greedy(wb.engine, ids) == _greedy(twin, ids)  # the torch-native layer computes what bf16 does
-    wb.train(steps=2, progress=False)
+def test_an_fp8_engine_serves_as_its_twin_and_a_shifted_model_lands_quantized_verified_in_bytes(engines):
+    engine, twin, model_dir, shifted = engines
+    assert _greedy(engine) == _greedy(twin)  # the torch-native layer computes what bf16 does with these weights
+    master = _load(shifted / "model.safetensors")
     c = Contract.from_model_dir(model_dir, "bfloat16")
+    sent = {n: t.to(getattr(torch, c.tensors[n][1]))  # each in the dtype the engine holds it in
+            for n, t in on_the_way(iter(master.items()), c.tensors, c.quant)}
     for transport in ("colocated", "distributed"):
-        m = wb.sync(SyncConfig(transport=transport, probe=8, **FAST), weight_version=transport)
+        m = stream(master.items(), engine, SyncConfig(transport=transport, **FAST), weight_version=transport)
         assert m["sync/verified"] is True and m["timing/sync/quantize"] > 0, m
-        assert 0 <= m["sync/probe_kl"] < SyncConfig().probe_kl_max and m["sync/probe_tokens"] == 32, m
-        sent = dict(on_the_way(iter(wb.trainer.export()), c.tensors, c.quant))
-        assert wb.engine.checksums() == vf.expected_checksums(sent)  # fp8 bytes and scales, as held
-    assert m["sync/bytes"] < 0.6 * sum(t.numel() * 2 for _, t in wb.trainer.export())  # bf16 would be 2 bytes each
+        assert engine.checksums() == vf.expected_checksums(sent)  # the fp8 bytes and the scales, as held
+    assert m["sync/bytes"] < 0.6 * sum(t.numel() * 2 for t in master.values())  # against bf16's 2 bytes each
     scale = "model.layers.1.self_attn.k_proj.weight_scale_inv"  # a fused scale's rows, read back
-    assert torch.equal(wb.engine.get_weights_by_name(scale), sent[scale])
+    assert torch.equal(engine.get_weights_by_name(scale), sent[scale])
     stream(_dequantized(sent).items(), twin, SyncConfig(transport="colocated", **FAST))
-    assert _greedy(wb.engine, ids) == _greedy(twin, ids)  # the synced weights serve as their dequantization
+    assert _greedy(engine) == _greedy(twin)  # the synced weights serve as their dequantization does
 
 
-def test_a_probe_over_its_threshold_fails_the_sync_and_the_engine_serves_the_last_good_weights(bench):
-    wb, _, _ = bench
-    wb.sync(SyncConfig(**FAST))
-    before, version = wb.engine.checksums(), wb.engine.weight_version
-    wb.train(steps=1, progress=False)
+def test_the_probe_measures_the_quantizations_kl_and_over_its_threshold_the_guard_restores(engines):
+    engine, _, _, shifted = engines
+    scorer, guard = Scorer(shifted), guard_for(engine)
+    m = guard.sync(scorer, SyncConfig(probe=8, **FAST), checked_expected(engine, ()), "probed")
+    assert m["sync/verified"] is True and m["sync/probe_tokens"] == 32
+    assert 0 < m["sync/probe_kl"] < probe.LIMITS["other"], m  # fp8 rounding: never zero, under the FP8 limit
+    before, version = engine.checksums(), engine.weight_version
+    shifted_again = [(n, t + 0.01) for n, t in scorer.named_tensors]
     with pytest.raises(SyncFailed, match="behaviour probe failed: sync/probe_kl="):
-        wb.sync(SyncConfig(probe=4, probe_kl_max=1e-12, **FAST))  # FP8 rounding alone is over this
-    assert wb.engine.checksums() == before and wb.engine.weight_version == version
+        guard.sync(_with(scorer, shifted_again), SyncConfig(probe=8, probe_kl_max=1e-9, **FAST),
+                   checked_expected(engine, ()), "too-strict")
+    assert engine.checksums() == before and engine.weight_version == version  # the last good weights, bitwise
 
 
-def test_a_bf16_tensor_for_an_fp8_parameter_is_refused_by_name_and_the_engine_keeps_its_weights(bench):
-    wb, _, _ = bench
+def _with(scorer: Scorer, named: list) -> Scorer:
+    """The same scorer sending other tensors."""
+    other = object.__new__(Scorer)
+    other.named_tensors, other.model = named, scorer.model
+    return other
+
+
+def test_damaged_fp8_bytes_fail_verification_and_the_guard_restores_them(engines):
+    engine, _, _, shifted = engines
+    before, version = engine.checksums(), engine.weight_version
+    named = [(n, t - 0.02) for n, t in _load(shifted / "model.safetensors").items()]
+    fp.arm("transport.send", "corrupt", nth=2)  # the driver sends: armed in this process
+    try:
+        with pytest.raises(SyncFailed, match="verification failed") as e:
+            stream(named, engine, SyncConfig(transport="colocated", **FAST))
+        assert fp.disarm() == {"transport.send": 1}
+    finally:
+        fp.disarm()
+    assert e.value.restored and engine.checksums() == before and engine.weight_version == version
+
+
+def test_a_bf16_tensor_for_an_fp8_parameter_is_refused_by_name_and_the_engine_keeps_its_weights(engines):
+    engine = engines[0]
     name = "model.layers.0.mlp.experts.1.up_proj.weight"
-    before = wb.engine.checksums()
-    wb.engine.begin_weight_update()
+    before = engine.checksums()
+    engine.begin_weight_update()
     try:
         with pytest.raises(ContractMismatch, match=rf"'{name}': dtype bfloat16 != engine float8_e4m3fn"):
-            wb.engine.update_weights_from_tensor([(name, torch.zeros(128, 128, dtype=torch.bfloat16))])
+            engine.update_weights_from_tensor([(name, torch.zeros(128, 128, dtype=torch.bfloat16))])
     finally:
-        wb.engine.end_weight_update()
-    assert wb.engine.checksums() == before
+        engine.end_weight_update()
+    assert engine.checksums() == before

@@ -20,6 +20,7 @@ import pytest
 
 from labkit.pids import owner
 from labkit.sync.lastgood import STAGE_PREFIX
+from labkit.sync.probe import LIMITS
 from tests.integration.conftest import live
 
 pytestmark = pytest.mark.integration
@@ -98,12 +99,15 @@ def test_labkit_sync_colocated_leaves_dev_shm_as_it_found_it(tmp_path):
     env = dict(os.environ, LABKIT_SHM_TEST=marker.split("=", 1)[1])
     before = _listing()
     with PidWatch(marker) as watch:
+        # The FP8 preset (docs/fp8.md): the Megatron trainer's bf16 original quantized on the way into an FP8
+        # engine, verified in bytes and, with the probe, in behaviour (tests/integration/test_fp8.py: the rest)
         p = subprocess.run([sys.executable, "-m", "labkit.cli", "sync", "--transport", "colocated", "--steps", "1",
-                            "--bucket-mb", "1", "--json", "--out", str(tmp_path / "run.json")],
-                           capture_output=True, text=True, timeout=600, env=env)
+                            "--bucket-mb", "0.1", "--model", "qwen3-moe-fp8", "--probe", "8", "--json", "--out",
+                            str(tmp_path / "run.json")], capture_output=True, text=True, timeout=600, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
     m = json.loads(p.stdout.strip().splitlines()[-1])
     assert m["sync/verified"] is True and m["sync/num_buckets"] > 1  # the pool's buffers were used
+    assert m["timing/sync/quantize"] > 0 and 0 < m["sync/probe_kl"] < LIMITS["other"], m
     stored = json.loads((tmp_path / "run.json").read_text())  # `--out`: the run, led by the command that made it
     assert stored.pop("command").startswith("labkit sync --transport colocated")
     assert len(stored.pop("provenance")["commit"]) == 40 and stored == m  # what made it (labkit.provenance)

@@ -67,3 +67,10 @@ def test_stream_refuses_a_probe_before_anything_moves():
 
     with pytest.raises(ValueError, match="stream\\(\\): SyncConfig.probe=4"):
         stream([], None, SyncConfig(probe=4))
+
+
+def test_the_default_limit_follows_the_engines_precision_and_a_given_one_wins():
+    assert probe.limit(None, {"dtype": "float32", "quant": None}) == probe.LIMITS["float32"] == 1e-4
+    assert probe.limit(None, {"dtype": "bfloat16", "quant": {"block": (128, 128)}}) == probe.LIMITS["other"]
+    assert probe.limit(None, {"dtype": "float32", "quant": {"block": (128, 128)}}) == probe.LIMITS["other"]
+    assert probe.limit(0.5, {"dtype": "float32"}) == 0.5
