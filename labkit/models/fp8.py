@@ -25,8 +25,9 @@ E4M3 = "float8_e4m3fn"
 E4M3_MAX = 448.0
 BLOCK = (128, 128)
 SCALE_SUFFIX = "_scale_inv"  # `x.weight` -> `x.weight_scale_inv`
-# Never quantized: vocabulary tables, norms, routers (Qwen3-MoE `mlp.gate`, DeepSeek `mlp.gate` + its bias).
-_KEEP = re.compile(r"(^|\.)(embed_tokens|lm_head|[a-z_]*norm|gate|e_score_correction_bias)(\.|$)")
+# Never quantized: vocabulary tables, norms, routers (Qwen3-MoE and DeepSeek `mlp.gate` + its bias, Qwen2-MoE's
+# `shared_expert_gate`).
+_KEEP = re.compile(r"(^|\.)(embed_tokens|lm_head|[a-z_]*norm|[a-z_]*gate|e_score_correction_bias)(\.|$)")
 
 
 def scale_name(weight: str) -> str:

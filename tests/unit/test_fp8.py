@@ -55,6 +55,8 @@ def test_stacked_experts_dequantize_like_each_expert_alone():
     ("model.layers.0.mlp.experts.3.up_proj.weight", (128, 128), True),
     ("model.layers.0.self_attn.o_proj.weight", (128, 256), True),
     ("model.layers.0.mlp.gate.weight", (4, 128), False),  # a router (NeMo-RL #3614)
+    ("model.layers.0.mlp.shared_expert_gate.weight", (1, 128), False),
+    ("model.layers.0.mlp.shared_experts.gate_proj.weight", (256, 128), True),
     ("model.layers.0.mlp.gate.e_score_correction_bias", (4,), False),
     ("model.layers.0.self_attn.q_norm.weight", (128,), False),
     ("model.layers.1.self_attn.kv_a_layernorm.weight", (32,), False),
