@@ -59,9 +59,12 @@ class BenchConfig:
     """Repetitions: timed syncs per transport (sync, delta), timed runs per case (codec)."""
     quick: bool = False
     """A small model (tests)."""
+    engine_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """sync: the engine's serving dtype (auto: float32, so syncs compare bitwise; bfloat16 for a block-FP8 model,
+    and to bench an unquantized model as the FP8 bench's bf16 counterpart)."""
 
     def __post_init__(self) -> None:
-        for f in ("what", "device", "size", "megatron"):
+        for f in ("what", "device", "size", "megatron", "engine_dtype"):
             check_choice(self, f)
         _positive(self, "deadline", *(("bucket_mb",) if self.bucket_mb is not None else ()))
         _count(self, "warm", 1)
@@ -167,7 +170,8 @@ def cmd_bench(args) -> int:
 
         out = bench_delta(spec, bucket_mb=args.bucket_mb or 32.0, syncs=args.reps, progress=not args.json)
     else:
-        out = bench.bench_sync(spec, bucket_mb=args.bucket_mb or 32.0, reps=args.reps, progress=not args.json)
+        out = bench.bench_sync(spec, bucket_mb=args.bucket_mb or 32.0, reps=args.reps, progress=not args.json,
+                               engine_dtype=None if args.engine_dtype == "auto" else args.engine_dtype)
     write_run(out, args.out)
     emit(out, args.json)
     # a bench whose timed syncs did not all land bitwise measured something else: it fails
@@ -259,7 +263,7 @@ def add_commands(sub) -> None:
     add_arguments(d, ServeBenchConfig, ("syncs", "max_requests", "backend"),
                   notes=dict.fromkeys(("syncs", "max_requests", "backend"), "(serve-sync)"))
     add_model_arguments(d, "the bench's tiny MiMo (serve-sync: a tiny random MiMo)")
-    add_arguments(d, BenchConfig, ("bucket_mb", "reps", "quick"))
+    add_arguments(d, BenchConfig, ("bucket_mb", "reps", "quick", "engine_dtype"))
     add_arguments(d, Output, ("out", "json"))
     d.set_defaults(fn=cmd_bench)
 

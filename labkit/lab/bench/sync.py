@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from labkit.config import ModelSpec
+from labkit.engine.config import EngineConfig
 from labkit.lab.bench import reference
 from labkit.lab.bench.sync_summary import summary, transport_seconds
 from labkit.models.families import model_dir_for
@@ -84,12 +85,17 @@ def bench_model_dir(model: ModelSpec | str, workdir: str | Path) -> str:
     return model_dir_for(model)
 
 
-def _workbench(model: ModelSpec | str, workdir: str | Path):
-    return Workbench(bench_model_dir(model, workdir))
+def _workbench(model: ModelSpec | str, workdir: str | Path, engine_dtype: str | None = None):
+    """The Workbench of a bench; `engine_dtype` None: the Workbench's default engine (float32, bf16 for FP8)."""
+    model_dir = bench_model_dir(model, workdir)
+    if engine_dtype is None:
+        return Workbench(model_dir)
+    return Workbench(model_dir, engine_cfg=EngineConfig(model_dir=model_dir, dtype=engine_dtype,
+                                                        max_total_tokens=4096, mem_fraction_static=0.05))
 
 
 def bench_sync(spec: ModelSpec | str = BENCH_SPEC, bucket_mb: float = 32.0, reps: int = 3,
-               workdir: str | Path = "runs/bench", progress: bool = True) -> dict:
+               workdir: str | Path = "runs/bench", progress: bool = True, engine_dtype: str | None = None) -> dict:
     """Per-tensor vs the bucketed transports and the one-copy `direct`, `reps` rounds of each, transport-only
     and end to end (module docstring), with this box's references and bounds measured in the same run.
 
@@ -101,7 +107,7 @@ def bench_sync(spec: ModelSpec | str = BENCH_SPEC, bucket_mb: float = 32.0, reps
     it; end to end: its own verification) AND the engine's checksums moved over the run."""
     from tqdm.auto import tqdm
 
-    with _workbench(spec, workdir) as wb:
+    with _workbench(spec, workdir, engine_dtype) as wb:
         startup = wb.timings["timing/startup"]
         before = wb.engine.checksums()
         bar = tqdm(total=2 * len(ARMS) * (1 + reps), desc="bench sync", disable=not progress)
