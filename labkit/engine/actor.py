@@ -147,11 +147,12 @@ class EngineActor:
     def update_weights_from_tensor(self, payload, load_format=None, flush_cache=True, weight_version=None) -> dict:
         from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
 
-        # Engine.update_weights_from_tensor has no weight_version argument; the request struct does, and
-        # SGLang then tags the version atomically with a successful update (never on a refused one).
-        # Payloads serialized by the sender (a handle to shared memory, not the bytes) pass through as they are.
+        from labkit.engine.ipc import from_ray
+
+        # Engine.update_weights_from_tensor has no weight_version argument; the request struct does (SGLang tags
+        # the version atomically with a successful update). Payloads the sender serialized pass as they are.
         pre = load_format == "flattened_bucket" or (payload and isinstance(payload[0], (str, bytes)))
-        payload = payload if pre else from_ray(payload)
+        payload = from_ray(payload)  # fp8 tensors crossed Ray as bytes (labkit.engine.ipc.to_ray)
         obj = UpdateWeightsFromTensorReqInput(
             serialized_named_tensors=self.engine._serialize_tensors_per_rank(
                 payload, "flattened_bucket" if pre else load_format),
@@ -251,29 +252,6 @@ class EngineActor:
         return compat.cleanup_shm(own_pid=os.getpid())
 
 
-# An fp8 tensor crosses to the actor as its bytes and its dtype's name: Ray pickles tensors with plain pickle, and
-# torch 2.14 cannot load a float8 tensor pickled that way (`serialization.py:1836`: "type object
-# 'torch.storage.UntypedStorage' has no attribute 'dtype'"), which stopped the guard's restore of an FP8 engine.
-_RAW = "labkit-raw"
-
-
-def to_ray(payload: list) -> list:
-    """[(name, tensor)] with each fp8 tensor as (_RAW, its uint8 view, its dtype's name)."""
-    import torch
-
-    return [(n, (_RAW, t.view(torch.uint8), str(t.dtype).removeprefix("torch.")))
-            if isinstance(t, torch.Tensor) and t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else (n, t)
-            for n, t in payload]
-
-
-def from_ray(payload: list) -> list:
-    """`to_ray`'s inverse, in the actor."""
-    import torch
-
-    return [(n, t[1].view(getattr(torch, t[2]))) if isinstance(t, tuple) and len(t) == 3 and t[0] == _RAW
-            else (n, t) for n, t in payload]
-
-
 class ActorBackend:
     """Driver side: every EngineActor method as a bounded `ray.get`; a dead actor is EngineUnreachable."""
 
@@ -283,11 +261,10 @@ class ActorBackend:
     def with_timeout(self, timeout_s: float) -> ActorBackend:
         return ActorBackend(self.actor, timeout_s)
 
-    def update_weights_from_tensor(self, payload, load_format=None, flush_cache=True, weight_version=None) -> dict:
-        payload = list(payload)
-        if load_format is None and not (payload and isinstance(payload[0], (str, bytes))):
-            payload = to_ray(payload)
-        return self.__getattr__("update_weights_from_tensor")(payload, load_format, flush_cache, weight_version)
+    def update_weights_from_tensor(self, payload, *args, **kwargs) -> dict:
+        from labkit.engine.ipc import to_ray  # torch: where a tensor crosses, not with this module
+
+        return self.__getattr__("update_weights_from_tensor")(to_ray(list(payload)), *args, **kwargs)
 
     def __getattr__(self, method):
         if method.startswith("_"):  # copy/pickle probes are not actor methods

@@ -106,9 +106,7 @@ class EngineHandle(LoaderQueries):
 
     # --- plumbing ----------------------------------------------------------------------------------------
     def _check(self, items, call: str) -> None:
-        """Names and shapes (and dtypes, where `items` carry them) against the model dir's checkpoint in the
-        engine's dtype (labkit.engine.contract) before `call` is sent; nothing to check against for a remote
-        engine."""
+        """`items` against the model dir's checkpoint in the engine's dtype (labkit.engine.contract), before `call`."""
         contract = Contract.find(self.cfg.model_dir, self.cfg.dtype)
         check_tensors(None if contract is None else contract.tensors, items, call)
 
@@ -156,12 +154,11 @@ class EngineHandle(LoaderQueries):
         """`payload`: [(hf_name, tensor), ...], or for load_format="flattened_bucket" one serialized payload
         per TP rank. Must run inside begin/end_weight_update. weight_version is set only if SGLang accepts.
         Named tensors are checked against the model's names, shapes and dtypes first (labkit.engine.contract):
-        SGLang's loaders would cast a tensor of another dtype with a plain copy, and into an fp8 parameter with
-        its old block scale (served garbage, answered Success)."""
+        SGLang would cast another dtype with a plain copy, into fp8 with the old scale (garbage, "Success")."""
         payload = list(payload)
         if load_format is None:
-            self._check([(n, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in payload],
-                        "update_weights_from_tensor")
+            items = [(n, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in payload]
+            self._check(items, "update_weights_from_tensor")
         return self._control("update_weights_from_tensor", payload, load_format, flush_cache, weight_version)
 
     def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],

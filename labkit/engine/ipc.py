@@ -121,3 +121,22 @@ class Serializer:
     @staticmethod
     def serialize(obj, output_str: bool = False) -> bytes | str:
         return dumps_str(obj) if output_str else dumps(obj)
+
+
+# An fp8 tensor crosses to the actor as its bytes and its dtype's name: Ray pickles tensors with plain pickle, and
+# torch 2.14 cannot load a float8 tensor pickled that way (`serialization.py:1836`: "type object
+# 'torch.storage.UntypedStorage' has no attribute 'dtype'"), which stopped the guard's restore of an FP8 engine.
+_RAW = "labkit-raw"
+
+
+def to_ray(payload: list) -> list:
+    """A payload with each (name, fp8 tensor) as (name, (_RAW, its uint8 view, its dtype's name)); all else as is."""
+    return [(p[0], (_RAW, p[1].view(torch.uint8), str(p[1].dtype).removeprefix("torch.")))
+            if isinstance(p, tuple) and len(p) == 2 and isinstance(p[1], torch.Tensor)
+            and p[1].dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else p for p in payload]
+
+
+def from_ray(payload: list) -> list:
+    """`to_ray`'s inverse, in the actor."""
+    return [(p[0], p[1][1].view(getattr(torch, p[1][2]))) if isinstance(p, tuple) and len(p) == 2
+            and isinstance(p[1], tuple) and len(p[1]) == 3 and p[1][0] == _RAW else p for p in payload]

@@ -163,7 +163,7 @@ def test_a_trainer_loads_the_unquantized_original_and_an_fp8_checkpoint_without_
 def test_fp8_tensors_cross_to_the_engine_actor_as_bytes_because_plain_pickle_cannot_load_them():
     import pickle
 
-    from labkit.engine.actor import from_ray, to_ray
+    from labkit.engine.ipc import from_ray, to_ray
 
     q = fp8.quantize(torch.randn(130, 70))[0]
     with pytest.raises(AttributeError, match="has no attribute 'dtype'"):  # torch 2.14, what Ray's pickle meets
