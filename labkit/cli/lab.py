@@ -60,8 +60,7 @@ class BenchConfig:
     quick: bool = False
     """A small model (tests)."""
     engine_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """sync: the engine's serving dtype (auto: float32, so syncs compare bitwise; bfloat16 for a block-FP8 model,
-    and to bench an unquantized model as the FP8 bench's bf16 counterpart)."""
+    """sync: the engine's dtype (auto: float32, bf16 for block FP8; bfloat16: the FP8 bench's bf16 counterpart)."""
 
     def __post_init__(self) -> None:
         for f in ("what", "device", "size", "megatron", "engine_dtype"):
