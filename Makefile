@@ -18,7 +18,7 @@ $(STAMP): requirements.txt pyproject.toml
 	@# import again in every process. A file that does not compile is only compiled at import (pip skips it too).
 	$(PY) -m pip install --no-compile -r requirements.txt
 	$(PY) -m pip install -q --no-compile -e . --no-deps
-	-$(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null
+	-$(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null 2>&1
 	@# One torch only: the version SGLang pins. Fail loudly if a resolver pulled another.
 	$(PY) -c "import torch, sys; v = torch.__version__.split('+')[0]; sys.exit(0 if v == '2.14.1' else f'torch {v} installed; expected 2.14.1')"
 	touch $(STAMP)
