@@ -227,13 +227,11 @@ def _fp8_preset_dir(name: str, out: Path) -> str:
     checkpoint of it in `out`, written again whenever the original was."""
     from labkit.models import fp8
 
-    master = out / fp8.MASTER
-    stamp = lambda: (master / "model.safetensors").stat().st_mtime_ns if (master / "model.safetensors").is_file() \
-        else None  # noqa: E731
-    before = stamp()
-    _written(name, master)
-    if before != stamp() or not (out / "model.safetensors").is_file():
-        fp8.write_checkpoint(master, out)
+    weights = out / fp8.MASTER / "model.safetensors"
+    before = weights.stat().st_mtime_ns if weights.is_file() else None
+    _written(name, out / fp8.MASTER)
+    if before != weights.stat().st_mtime_ns or not (out / "model.safetensors").is_file():
+        fp8.write_checkpoint(out / fp8.MASTER, out)
     return str(out)
 
 

@@ -49,11 +49,11 @@ class Scorer(LocalProducer):
     """A producer that can score tokens (what the probe needs of a trainer): the unquantized weights of a model
     dir, exported as they are, and a transformers model of them for `forward`."""
 
-    def __init__(self, model_dir):
+    def __init__(self, model_dir, named: list | None = None, model=None):
         from transformers import AutoModelForCausalLM
 
-        super().__init__(list(_load(f"{model_dir}/model.safetensors").items()))
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+        super().__init__(named if named is not None else list(_load(f"{model_dir}/model.safetensors").items()))
+        self.model = model or AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
 
     @torch.no_grad()
     def forward(self, ids):
@@ -117,16 +117,9 @@ def test_the_probe_measures_the_quantizations_kl_and_over_its_threshold_the_guar
     before, version = engine.checksums(), engine.weight_version
     shifted_again = [(n, t + 0.01) for n, t in scorer.named_tensors]
     with pytest.raises(SyncFailed, match="behaviour probe failed: sync/probe_kl="):
-        guard.sync(_with(scorer, shifted_again), SyncConfig(probe=8, probe_kl_max=1e-9, **FAST),
+        guard.sync(Scorer(shifted, shifted_again, scorer.model), SyncConfig(probe=8, probe_kl_max=1e-9, **FAST),
                    checked_expected(engine, ()), "too-strict")
     assert engine.checksums() == before and engine.weight_version == version  # the last good weights, bitwise
-
-
-def _with(scorer: Scorer, named: list) -> Scorer:
-    """The same scorer sending other tensors."""
-    other = object.__new__(Scorer)
-    other.named_tensors, other.model = named, scorer.model
-    return other
 
 
 def test_damaged_fp8_bytes_fail_verification_and_the_guard_restores_them(engines):
