@@ -31,8 +31,13 @@ def check(ok: bool, name: str, value: object, allowed: str) -> None:
         raise ValueError(f"{name}={value!r} is invalid: expected {allowed}")
 
 
+def number(value: object, types: type | tuple[type, ...] = (int, float)) -> bool:
+    """`value` is an instance of `types` but not a bool (an int to Python, never a count or a size here)."""
+    return isinstance(value, types) and not isinstance(value, bool)
+
+
 def _int(name: str, value: object, lo: int = 1) -> None:
-    check(isinstance(value, int) and not isinstance(value, bool) and value >= lo, name, value, f"an integer >= {lo}")
+    check(number(value, int) and value >= lo, name, value, f"an integer >= {lo}")
 
 
 def choices(cls: type, name: str) -> tuple:

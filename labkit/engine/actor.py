@@ -76,11 +76,9 @@ class _StderrTee:
 
 
 class EngineActor:
-    """Wrapped with `ray.remote` by `remote_class()` so that importing this module does not import Ray.
-
-    A failed start does not raise from __init__ (Ray would bury SGLang's message in its own): `ready()`
-    answers {"error": ...} and the handle kills the actor.
-    """
+    """Wrapped with `ray.remote` by `remote_class()` so that importing this module does not import Ray. A failed
+    start does not raise from __init__ (Ray would bury SGLang's message in its own): `ready()` answers {"error": ...}
+    and the handle kills the actor."""
 
     def __init__(self, cfg):
         self.cfg, self.engine, self.error, self._closed, self._paused = cfg, None, None, False, False
@@ -95,9 +93,8 @@ class EngineActor:
 
             device = "cuda" if torch.cuda.is_available() else "cpu"
             self.engine = sglang.Engine(**cfg.sglang_kwargs(device), custom_sigquit_handler=_launch_sigquit)
-            # What startup built (model, allocators, modules) lives as long as the engine. SGLang's freeze_gc
-            # moves it out of the collector's reach, so a later gc.collect() walks only newer objects; SGLang's
-            # CPU empty_cache runs one in every flush_cache, i.e. in every weight-update session.
+            # What startup built (model, allocators, modules) lives as long as the engine: freeze_gc moves it out of
+            # reach of the gc.collect() SGLang's CPU empty_cache runs in every flush_cache, i.e. every weight update.
             self.engine.freeze_gc()
         except BaseException as e:  # incl. _LaunchFailed raised from the signal handler
             time.sleep(0.5)  # let the pump take the child's last lines
@@ -122,8 +119,7 @@ class EngineActor:
         return [p.pid for p in psutil.Process().children(recursive=True)]
 
     def _run(self, coro):
-        # Engine's own methods do exactly this; we need it for requests Engine has no method for
-        # (or whose Engine method drops a field such as weight_version).
+        """What Engine's own methods do, for requests it has no method for or drops a field of (weight_version)."""
         return self.engine.loop.run_until_complete(coro)
 
     # --- generation -------------------------------------------------------------------------------------
@@ -288,11 +284,10 @@ class ActorBackend:
     def shutdown(self) -> list[str]:
         import ray
 
-        removed = []
         try:
             removed = ray.get(self.actor.shutdown.remote(), timeout=self.timeout_s)
-        except ray.exceptions.RayError:
-            pass  # already dead or stuck: killing the actor takes its SGLang children down (PDEATHSIG)
+        except ray.exceptions.RayError:  # dead or stuck: killing the actor takes its SGLang children down (PDEATHSIG)
+            removed = []
         ray.kill(self.actor, no_restart=True)
         wait_dead([self.actor])
         return removed + compat.cleanup_shm()

@@ -59,8 +59,7 @@ class EngineHandle(LoaderQueries):
         if self._server is not None:  # the same URL if its port is free again, else a new one (handle.url follows)
             self._b, self._server = lifecycle.restart_server(self._server, self.cfg)
         else:
-            # Kill the actor (and with it SGLang's processes), remove /dev/shm leftovers; a wedged actor gets
-            # 10 s to shut down cleanly, not a full call timeout.
+            # Kill the actor and SGLang's processes, remove /dev/shm leftovers; 10 s if wedged, not a full call timeout
             self._b.with_timeout(10.0).shutdown()
             self._b, self._actor = lifecycle.start_actor(self.cfg, self._strategy)
         self._closed = self._paused = False
@@ -105,14 +104,17 @@ class EngineHandle(LoaderQueries):
         return h
 
     # --- plumbing ----------------------------------------------------------------------------------------
+    def _refuse_if_closed(self, call: str) -> None:
+        if self._closed:
+            raise EngineError(f"{call}: this engine handle was shut down")
+
     def _check(self, items, call: str) -> None:
         """`items` against the model dir's checkpoint in the engine's dtype (labkit.engine.contract), before `call`."""
         contract = Contract.find(self.cfg.model_dir, self.cfg.dtype)
         check_tensors(None if contract is None else contract.tensors, items, call)
 
     def _control(self, method: str, *args, **kwargs) -> str:
-        if self._closed:
-            raise EngineError(f"{method}: this engine handle was shut down")
+        self._refuse_if_closed(method)
         res = getattr(self._b, method)(*args, **kwargs)
         if not res.get("success", False):
             raise EngineError(f"{method} failed: {res.get('message', '')}")
@@ -128,8 +130,7 @@ class EngineHandle(LoaderQueries):
         backend this handle holds it (see `_generate_held`)."""
         if (prompts is None) == (input_ids is None):
             raise ValueError("generate: pass exactly one of prompts= or input_ids=")
-        if self._closed:
-            raise EngineError("generate: this engine handle was shut down")
+        self._refuse_if_closed("generate")
         sampling = list(sampling) if isinstance(sampling, (list, tuple)) else dict(sampling or {})  # or one per prompt
         outs = self._generate_held(prompts, input_ids, sampling, bool(return_logprob))
         results = []
@@ -186,8 +187,7 @@ class EngineHandle(LoaderQueries):
         return self._control("set_weight_version", version, abort_all_requests)
 
     def model_info(self) -> dict:
-        if self._closed:
-            raise EngineError("model_info: this engine handle was shut down")
+        self._refuse_if_closed("model_info")
         return self._b.model_info()
 
     def get_weights_by_name(self, name: str, truncate_size: int | None = None):
@@ -195,8 +195,7 @@ class EngineHandle(LoaderQueries):
         fp32/bf16/fp16 weights). truncate_size=None reads every row; an int keeps that many rows."""
         import torch
 
-        if self._closed:
-            raise EngineError("get_weights_by_name: this engine handle was shut down")
+        self._refuse_if_closed("get_weights_by_name")
         rows = self._b.get_weights_by_name(name, FULL if truncate_size is None else truncate_size)
         if rows is None:
             raise EngineError(f"get_weights_by_name({name!r}) failed: SGLang returned no tensor (unknown name, "
@@ -207,8 +206,7 @@ class EngineHandle(LoaderQueries):
         """SGLang's weight checker: {engine parameter name: checksum}, in the engine's layout (fused qkv_proj /
         gate_up_proj). CPU tensors: `xxh3:` + 16 hex chars with labkit's models, else sha256's first 8 bytes as
         16 hex chars (`checksum_algo`, labkit.engine.checksum). TP=1 engines."""
-        if self._closed:
-            raise EngineError("checksums: this engine handle was shut down")
+        self._refuse_if_closed("checksums")
         res = self._b.check_weights("checksum")
         if not res["success"]:
             raise EngineError(f"checksums failed: {res['message']}")

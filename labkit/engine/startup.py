@@ -6,13 +6,16 @@ this way; the trainer starts in between, in its own bundles (labkit.trainer.grou
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, TypeVar
 
 from labkit.cluster import runtime
 from labkit.cluster.placement import Placement, PlacementSpec, layout
 from labkit.engine.config import EngineConfig
 from labkit.engine.handle import EngineHandle
 
-__all__ = ["place", "start_engines"]
+__all__ = ["place", "start_beside", "start_engines"]
+
+T = TypeVar("T")
 
 
 def place(spec: str | PlacementSpec, trainer_ranks: int) -> Placement:
@@ -48,3 +51,31 @@ def start_engines(cfg: EngineConfig, placement: Placement | None = None, n: int 
         if f.exception() is not None:
             raise f.exception()
     return started
+
+
+def start_beside(start_other: Callable[[], T], cfg: EngineConfig, placement: Placement, n: int, started: list,
+                 overlap: bool) -> T:
+    """`start_other()` (a trainer's start) in this thread while `n` engines start in another (`start_engines`, into
+    `started`); its result once both have ended. A trainer and an engine each spend most of a start importing and
+    loading in their own processes, so side by side a start costs about the longer of the two. Either failure is
+    raised once both have ended, the trainer's first, and every engine that started is in `started` for the
+    caller to stop.
+
+    `overlap=False` starts them one after the other: for a trainer and engines that share a GPU. SGLang sizes its
+    KV-cache pool from the GPU memory free while it loads (`mem_fraction_static`); a trainer allocating on the same
+    GPU at that moment changes that figure under it, and the pool comes out too large (an out-of-memory error at
+    the first batch) or too small.
+    """
+    if not overlap:
+        out = start_other()
+        start_engines(cfg, placement, n, started=started)
+        return out
+    with ThreadPoolExecutor(1, thread_name_prefix="labkit-start") as pool:
+        engines = pool.submit(start_engines, cfg, placement, n, started)
+        try:
+            out = start_other()
+        finally:
+            error = engines.exception()  # waits: the engines' start has ended, failed or not, before anything else
+    if error is not None:
+        raise error
+    return out

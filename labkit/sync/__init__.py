@@ -28,17 +28,10 @@ def sync(trainer: Producer, engine, cfg: SyncConfig | None = None, weight_versio
     With cfg.atomic (the default) the sync lands completely or the engine is restored to the last good
     weights before it serves again (labkit.sync.atomic; a failure raises SyncFailed saying which).
     """
-    from labkit.sync.atomic import guard_for
-    from labkit.sync.session import Syncer
-    from labkit.sync.verify import ENGINE_CHECKSUMS
-
     cfg = cfg or SyncConfig()
     expected = checked_expected(engine, exclude)
-    if cfg.atomic:
-        return guard_for(engine).sync(trainer, cfg, expected, weight_version, tuple(exclude))
-    m = trainer.export_to(Syncer(), engine.portable(), cfg, expected, weight_version, exclude=tuple(exclude))
-    m.pop(ENGINE_CHECKSUMS, None)
-    if cfg.probe:  # not atomic: a failing probe is raised, and the engine keeps the weights it got
+    m = _run(trainer, engine, cfg, expected, weight_version, exclude)
+    if cfg.probe and not cfg.atomic:  # not atomic: a failing probe is raised, and the engine keeps the weights it got
         from labkit.engine.errors import EngineError
         from labkit.sync import probe
 
@@ -57,22 +50,16 @@ def stream(named_tensors, engine, cfg: SyncConfig | None = None, weight_version:
     >>> m["sync/verified"]
     True
 
-    No trainer is involved: the tensors are planned into buckets, sent, and verified against the engine's
-    checksums exactly as `sync` does (the same `Syncer`, run here). Names and shapes must be the engine's
-    (every engine tensor not excluded must be present, as in `sync`); tensors are cast to its dtype on the way.
-    With cfg.atomic (the default) the same guard applies: the sync lands verified or the engine is restored to
-    the last good weights (SyncFailed). The iterator runs in this process and cannot be killed, so
-    `cfg.deadline_s` does not apply; every engine call is bounded by `cfg.timeout_s`. Each call plans afresh
-    (there is no trainer to keep a replayed plan in), so the pairs are read into a list first, as a trainer's
-    first sync does, and frees its buffers before it returns. Any order is fine: the pairs are reordered so
-    that the tensors the engine fuses on load (q/k/v, gate/up) come together, as a model's own export has them
-    and as the plan's buckets need (a safetensors file lists names alphabetically). For the same reason
-    `cfg.delta` is refused: it needs a copy of the engine's weights kept between calls, and this keeps none.
+    No trainer is involved: the same `Syncer` as `sync`'s runs here (plan, send, verify against the engine's checksums).
+    Names and shapes must be the engine's, every engine tensor not excluded present (as in `sync`); tensors are cast to
+    its dtype on the way. cfg.atomic (the default) applies the same guard: the sync lands verified or the engine is
+    restored to the last good weights (SyncFailed). The iterator runs in this process and cannot be killed, so
+    `cfg.deadline_s` does not apply; every engine call is bounded by `cfg.timeout_s`. No trainer keeps a replayed plan
+    between calls: each call reads the pairs into a list and plans afresh, as a trainer's first sync does, and frees its
+    buffers before it returns (so `cfg.delta`, which needs a copy of the engine's weights kept between calls, is
+    refused). Any order is fine: the pairs are regrouped so the tensors the engine fuses on load (q/k/v, gate/up) come
+    together, as a model's export has them and the plan's buckets need (a safetensors file lists names alphabetically).
     """
-    from labkit.sync.atomic import guard_for
-    from labkit.sync.session import Syncer
-    from labkit.sync.verify import ENGINE_CHECKSUMS
-
     cfg = cfg or SyncConfig()
     if cfg.delta:
         raise ValueError(f"stream(): SyncConfig.delta={cfg.delta} needs a copy of the engine's weights kept between "
@@ -81,11 +68,20 @@ def stream(named_tensors, engine, cfg: SyncConfig | None = None, weight_version:
     if cfg.probe:
         raise ValueError(f"stream(): SyncConfig.probe={cfg.probe} compares the engine with a trainer's forward, and "
                          "stream() has only tensors; use probe=0 here, or labkit.sync.sync() from a trainer")
-    expected = checked_expected(engine, exclude)
-    producer = LocalProducer(named_tensors)
+    return _run(LocalProducer(named_tensors), engine, cfg, checked_expected(engine, exclude), weight_version,
+                exclude, call_timeout_s=cfg.timeout_s)
+
+
+def _run(producer: Producer, engine, cfg: SyncConfig, expected: dict, weight_version: str | None,
+         exclude: tuple[str, ...], call_timeout_s: float | None = None) -> dict:
+    """What `sync` and `stream` share: the guard with cfg.atomic, else the Syncer alone (its private key dropped)."""
+    from labkit.sync.atomic import guard_for
+    from labkit.sync.session import Syncer
+    from labkit.sync.verify import ENGINE_CHECKSUMS
+
     if cfg.atomic:
         return guard_for(engine).sync(producer, cfg, expected, weight_version, tuple(exclude))
-    m = producer.export_to(Syncer(), engine.portable(call_timeout_s=cfg.timeout_s), cfg, expected, weight_version,
-                      exclude=tuple(exclude))
+    m = producer.export_to(Syncer(), engine.portable(call_timeout_s=call_timeout_s), cfg, expected, weight_version,
+                           exclude=tuple(exclude))
     m.pop(ENGINE_CHECKSUMS, None)
     return m

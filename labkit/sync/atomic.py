@@ -3,31 +3,29 @@ brought back to the previous weights bitwise before it serves anything again.
 
 Why this design (SGLang 0.5.23; the same on CPU and GPU):
 
-- SGLang's weight-update session (begin/end_weight_update) only brackets the loads. It does not stop
-  generation, and it has no rollback: a load that fails half-way leaves "the full weights ... partially
-  updated" (SGLang's own message). So labkit closes a gate itself: `pause_generation` before the first byte
-  (the Ray actor then refuses generate; an HTTP server holds requests) and `continue_generation` only once
-  the engine's checksums equal the new version (verified) or the last good one (restored).
-- Rollback needs the old bytes, from somewhere that survives the fault. Reading them back from the engine
-  is slow and impossible once it died; a checkpoint on disk per step is slow. The syncer instead writes a
-  host copy of every tensor as it sends it (labkit.sync.lastgood, tmpfs files: one memcpy per byte,
-  `timing/sync/stage`); after a verified sync that copy becomes the last good version. Cost: two models in
-  host memory, the last good copy and the superseded one kept as the next sync's staging files, which the
+- SGLang's weight-update session (begin/end_weight_update) only brackets the loads. It does not stop generation, and it
+  has no rollback: a load that fails half-way leaves "the full weights ... partially updated" (SGLang's own message). So
+  labkit closes a gate itself: `pause_generation` before the first byte (the Ray actor then refuses generate; an HTTP
+  server holds requests) and `continue_generation` only once the engine's checksums equal the new version (verified) or
+  the last good one (restored).
+- Rollback needs the old bytes, from somewhere that survives the fault. Reading them back from the engine is slow and
+  impossible once it died; a checkpoint on disk per step is slow. The syncer instead writes a host copy of every tensor
+  as it sends it (labkit.sync.lastgood, tmpfs files: one memcpy per byte, `timing/sync/stage`), which becomes the last
+  good version once the sync verified. Files, not the trainer's heap: the copy survives a killed trainer. Cost: two
+  models in host memory, the last good copy and the superseded one kept as the next sync's staging files, which the
   syncer keeps mapped (a fresh file faults every page in: 0.11 s of the bench model's sync; `lastgood.Store`).
-  Files, not the trainer's heap: the copy survives a killed trainer.
-- The first sync has no copy yet: the engine's model dir is the last good version when its bytes hash to
-  the engine's checksums (the usual case), else labkit reads the weights back from the engine once.
+- The first sync has no copy yet: the engine's model dir is the last good version when its bytes hash to the engine's
+  checksums (the usual case), else labkit reads the weights back from the engine once.
 - On any failure: kill a trainer that missed the deadline or was interrupted (Ctrl-C) mid-sync (fencing: a late bucket
-  from it could land inside the restore or the next session), restart an engine whose process died or stopped
-  answering (from its model dir), close the session, push the last good copy in one session, tag its weight_version,
-  and compare the engine's checksums with those taken before the sync. Only then continue generation. If that fails
-  too, the engine stays paused and SyncFailed says so: it never serves weights labkit cannot name.
+  from it could land inside the restore or the next session), restart an engine whose process died or stopped answering
+  (from its model dir), close the session, push the last good copy in one session, tag its weight_version, and compare
+  the engine's checksums with those taken before the sync. Only then continue generation. If that fails too, the engine
+  stays paused and SyncFailed says so: it never serves weights labkit cannot name.
 
-Who does what: the sync layer owns the guard (one per engine handle, in this module's table, closed when the
-handle shuts down through its `on_shutdown` hook). The tensors come from a *producer* (labkit.sync.producer: the
-contract), whose `export_to(consumer, ...)` hands its (name, tensor) pairs to the consumer this guard passes, the
-`Syncer`: the `Trainer` (its ranks' export; it fences itself on the deadline) or a local iterator
-(`labkit.sync.stream`). The guard never reaches into a producer's processes.
+Who does what: the sync layer owns the guard (one per engine handle, in this module's table, closed through the handle's
+`on_shutdown` hook). The tensors come from a *producer* (labkit.sync.producer), whose `export_to` hands its (name,
+tensor) pairs to the consumer this guard passes, the `Syncer`: the `Trainer` (its ranks' export; it fences itself on the
+deadline) or a local iterator (`labkit.sync.stream`). The guard never reaches into a producer's processes.
 """
 
 from __future__ import annotations
@@ -80,17 +78,15 @@ class Guard:
 
     def __init__(self, engine, root: str | None = None, store: lastgood.Store | None = None):
         """`store`: a last good copy shared with other guards (engines synced together, labkit.sync.fanout); its
-        owner closes it."""
-        # A weak reference: the table above is keyed by the engine, and a value holding its key would keep
-        # every handle (and its host copy) alive for good.
+        owner closes it. The engine is held weakly: the table above is keyed by it, and a value holding its key
+        would keep every handle (and its host copy) alive for good."""
         self._engine, self.synced, self._owns = weakref.ref(engine), 0, store is None
         self.store = lastgood.Store(root) if store is None else store
         self.modified = False  # the last restore found the engine's weights changed by the failed sync
 
     @property
     def engine(self):
-        engine = self._engine()
-        if engine is None:
+        if (engine := self._engine()) is None:
             raise EngineError("the engine handle this guard belonged to is gone")
         return engine
 
@@ -104,21 +100,17 @@ class Guard:
     # --- the protocol --------------------------------------------------------------------------------------
     def sync(self, producer: Producer, cfg, spec: dict, weight_version: str | None = None,
              exclude: tuple = ()) -> dict:
-        """Land `producer`'s tensors completely (verified, tagged `weight_version`) or restore the last good ones.
-
-        `producer`: the `Trainer`, or any `labkit.sync.producer.Producer` (its `export_to` feeds its (name, tensor)
-        pairs to the consumer; `labkit.sync.stream` passes a local one). Raises SyncFailed (with `.restored` and
-        `.metrics`) when the sync did not land.
-        """
+        """Land `producer`'s tensors completely (verified, tagged `weight_version`) or restore the last good ones;
+        SyncFailed (with `.restored` and `.metrics`) when the sync did not land. `producer`: the `Trainer`, or any
+        `labkit.sync.producer.Producer` (`labkit.sync.stream` passes a local one)."""
         t0 = time.perf_counter()
         engine, dtype = self.engine, spec.get("dtype", "float32")
         # after a verified sync and generation only, the engine answers from its memo (labkit.engine.inside.checkmemo)
         try:
             before, v_before = engine.checksums(), engine.weight_version
         except EngineUnreachable:  # died since the last sync: bring back what it served, then go on
-            if self.store.good is None:
+            if (good := self.store.good) is None:
                 raise
-            good = self.store.good
             self.restore(good["checksums"], good["version"], dtype, cfg.timeout_s)
             before, v_before = engine.checksums(), engine.weight_version
         self._ensure_last_good(before, v_before, dtype, spec)
@@ -147,17 +139,15 @@ class Guard:
         if not cfg.probe:  # the probe continued it
             engine.continue_generation()
         self.synced += 1
-        m["timing/sync/guard"] = round(t_guard + time.perf_counter() - t1, 6)
-        m.update({"sync/atomic": True, "sync/restored": False, "timing/sync/total_guarded":
-                  round(time.perf_counter() - t0, 6)})
+        t2 = time.perf_counter()
         # verify="none" is refused by SyncConfig unless unsafe_skip_verify: say so wherever these weights are logged
-        m["sync/unsafe_skip_verify"] = cfg.verify == "none"
+        m.update({"sync/atomic": True, "sync/restored": False, "sync/unsafe_skip_verify": cfg.verify == "none",
+                  "timing/sync/guard": round(t_guard + t2 - t1, 6), "timing/sync/total_guarded": round(t2 - t0, 6)})
         return m
 
     def _ensure_last_good(self, before: dict, v_before: str, dtype: str, spec: dict) -> None:
         """Make sure a host copy of what the engine serves now exists (the rollback target)."""
-        good = self.store.good
-        if good is not None and good["checksums"] == before:
+        if self.store.good is not None and self.store.good["checksums"] == before:
             return
         model_dir = self.engine.cfg.model_dir
         pad, algo = spec.get("ffn_pad", 1), spec.get("checksum", ck.DEFAULT)
@@ -178,34 +168,31 @@ class Guard:
         t0 = time.perf_counter()
         cause = _cause(err)
         m = {"sync/atomic": True, "sync/weight_version_attempted": version, "sync/error": cause,
-             "sync/trainer_alive": not isinstance(err, TrainerDied), "sync/engine_restarted": False,
-             "timing/sync/failed_after": round(took, 6)}
+             "sync/trainer_alive": not isinstance(err, (TrainerDied, KeyboardInterrupt)),  # Ctrl-C: fenced, as if hung
+             "sync/engine_restarted": False, "timing/sync/failed_after": round(took, 6)}
         try:
             restarted = self.restore(before, v_before, dtype, cfg.timeout_s)
             m.update({"sync/restored": True, "sync/engine_restarted": restarted,
                       "sync/modified_before_restore": self.modified, "sync/weight_version": v_before})
-            state = f"the engine serves {v_before!r} again (bitwise, {len(before)} tensors checked)"
-            if restarted:
-                state += " after a restart from its model dir"
+            state = (f"the engine serves {v_before!r} again (bitwise, {len(before)} tensors checked)"
+                     + (" after a restart from its model dir" if restarted else ""))
         except BaseException as e2:  # the gate stays closed: generate is refused until a restore succeeds
             m.update({"sync/restored": False, "sync/restore_error": _cause(e2)})
             state = f"restoring the last good weights failed too ({_cause(e2)}); the engine stays PAUSED"
         m["timing/sync/restore"] = round(time.perf_counter() - t0, 6)
-        if isinstance(err, KeyboardInterrupt):  # interrupted: the trainer was fenced like a hung one
-            m["sync/trainer_alive"] = False
         hint = "; the trainer is gone: start a new one" if not m["sync/trainer_alive"] else ""
         return SyncFailed(f"sync to {version!r} failed: {cause}; {state}{hint}", m)
 
     def restore(self, before: dict, v_before: str, dtype: str, timeout_s: float) -> bool:
         """Bring the engine back to the weights whose checksums are `before`; True if it was restarted."""
-        probe = self.engine.portable(call_timeout_s=timeout_s)
+        bounded = self.engine.portable(call_timeout_s=timeout_s)
         try:
-            alive = probe.health()
+            alive = bounded.health()
         except EngineError:
             alive = False
         if alive:
             try:
-                self._restore_into(probe, before, v_before, dtype, restarted=False)
+                self._restore_into(bounded, before, v_before, dtype, restarted=False)
                 return False
             except EngineUnreachable:  # answers /health but not the calls that matter: wedged
                 pass

@@ -1,10 +1,9 @@
 """Packing a planned bucket into one flat uint8 buffer, in SGLang's FlattenedTensorBucket layout.
 
-Layout: tensors back to back as raw bytes (`t.flatten().view(uint8)`), metadata (name, shape, dtype, start,
-end, numel in bytes) beside it. labkit packs into preallocated, reused buffers (`torch.cat(..., out=)`, or a
-multi-tensor copy into views where it casts; never a fresh tensor) so a sync allocates nothing per bucket; on
-CPU the buffers live in shared memory (a handle crosses processes, not the bytes), on GPU in device memory (CUDA
-IPC handles).
+Layout: tensors back to back as raw bytes (`t.flatten().view(uint8)`), metadata (name, shape, dtype, start, end, numel
+in bytes) beside it. labkit packs into preallocated, reused buffers (`pack`; never a fresh tensor) so a sync allocates
+nothing per bucket; on CPU they live in shared memory (a handle crosses processes, not the bytes), on GPU in device
+memory (CUDA IPC handles).
 """
 
 from __future__ import annotations
@@ -75,12 +74,12 @@ def gather(it, b: Bucket, seen: set) -> dict:
 def pack(bucket: Bucket, tensors: dict[str, torch.Tensor], out: torch.Tensor) -> torch.Tensor:
     """Copy `bucket`'s tensors (cast to the planned dtype) into `out[:bucket.nbytes]` and return that view.
 
-    Each run of same-dtype tensors is one `torch.cat(..., out=)` into a typed view of the buffer (the cast rides
-    along): one call per run instead of one per tensor, which an MoE bucket of hundreds of expert tensors feels.
-    A run the typed view cannot take (a byte offset not a multiple of its element size, a source on another
-    device) is copied tensor by tensor. A run that casts (fp32 master weights into a bf16 engine's layout) is one
-    `torch._foreach_copy_` into views instead: torch.cat's casting path is slower per tensor than a multi-tensor
-    copy (`labkit bench codec` times this pack); without a cast the two are even."""
+    Each run of same-dtype tensors is one `torch.cat(..., out=)` into a typed view of the buffer: one call per run
+    instead of one per tensor, which an MoE bucket of hundreds of expert tensors feels. A run that casts (fp32 master
+    weights into a bf16 engine's layout) is one `torch._foreach_copy_` into views instead: torch.cat's casting path is
+    slower per tensor than a multi-tensor copy (`labkit bench codec` times this pack); without a cast the two are even.
+    A run the typed view cannot take (a byte offset not a multiple of its element size, a source on another device) is
+    copied tensor by tensor."""
     if out.dtype != torch.uint8 or out.numel() < bucket.nbytes:
         raise ValueError(f"buffer of {out.numel()} {out.dtype} cannot hold bucket {bucket.index} "
                          f"({bucket.nbytes} bytes)")
@@ -128,13 +127,12 @@ def _copy_runs(metas, srcs: list[torch.Tensor], flat: torch.Tensor, offset: int)
 
 @contextlib.contextmanager
 def host_threads(device: str, threads: int | None = None, cross_node: bool = False):
-    """While a CPU sync streams, torch's intra-op threads in this process: every core but one, which is the
-    engine's. The engine applies bucket i (on one thread: SGLang's CPU scheduler runs torch with one) while
-    this process gathers and packs bucket i + 1; a trainer with as many threads as cores oversubscribed the box,
-    and each parallel copy waited on its thread that the engine had displaced (`scripts/host_threads_ab.py`
-    interleaves the two rules, stored in data/host_threads_ab_cpu.json). On a GPU the copies run
-    on the device, and an engine on another node (`cross_node`) has cores of its own: nothing changes there.
-    `threads` (SyncConfig.host_threads) overrides the rule on CPU."""
+    """While a CPU sync streams, torch's intra-op threads in this process: every core but one, which is the engine's.
+    The engine applies bucket i (on one thread: SGLang's CPU scheduler runs torch with one) while this process gathers
+    and packs bucket i + 1; a trainer with as many threads as cores oversubscribed the box, and each parallel copy
+    waited on its thread that the engine had displaced (`scripts/host_threads_ab.py` interleaves the two rules:
+    data/host_threads_ab_cpu.json). On a GPU the copies run on the device, and an engine on another node (`cross_node`)
+    has its own cores: nothing changes there. `threads` (SyncConfig.host_threads) overrides the rule on CPU."""
     before = torch.get_num_threads()
     keep = before if cross_node else max(1, min(before, (os.cpu_count() or 1) - 1))
     use = before if device != "cpu" else threads or keep
@@ -180,12 +178,9 @@ class BufferPool:
         return sum(b.numel() for b in self.buffers)
 
     def close(self) -> None:
-        """Drop the buffers so their memory goes back now, in the process that owns them.
-
-        A shared CPU buffer is a `/dev/shm/torch_<pid>_*` file that torch unlinks when its last reference goes;
-        an owner that is SIGKILLed (`ray.kill`) never gets there and the file, a bucket's size of RAM, outlives
-        it. Call this before the owner is killed. Idempotent.
-        """
+        """Drop the buffers so their memory goes back now, in the process that owns them. Idempotent. A shared CPU
+        buffer is a `/dev/shm/torch_<pid>_*` file that torch unlinks when its last reference goes; an owner that is
+        SIGKILLed (`ray.kill`) never gets there and the file, a bucket's size of RAM, outlives it: call this first."""
         self.buffers.clear()
         self._next = 0
         if self.shared:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from labkit.config import check, check_choice
+from labkit.config import check, check_choice, number
 from labkit.engine.config import PauseMode
 
 MB = 1 << 20
@@ -19,8 +19,7 @@ TRANSPORTS = get_args(TransportName)
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class SyncConfig:
-    """One trainer -> engine weight sync. `stage_dir` is internal plumbing (labkit.sync.atomic sets it on its
-    own copy of the config); leave it None."""
+    """One trainer -> engine weight sync (`stage_dir` is internal plumbing: leave it None)."""
 
     transport: TransportName = "colocated"
     """How weights travel: per-tensor (one call per tensor, the baseline), colocated (flattened buckets through
@@ -72,11 +71,10 @@ class SyncConfig:
     pause_mode: PauseMode = "abort"
     """Atomic syncs: SGLang's pause mode (abort, retract; in_place is refused; labkit.lab.bench.serve)."""
     probe: int = 0
-    """Behaviour check after each sync (labkit.sync.probe): the engine samples `probe` tokens for each of a fixed
-    batch of prompts and the trainer scores the same tokens; `sync/probe_kl` (their KL estimate) above
-    `probe_kl_max` fails the sync and, atomic, restores the last good weights. It catches what checksums cannot:
-    stale derived weights, caches, an engine serving something other than what it holds. 0: off. Needs a
-    producer that scores tokens (the Trainer)."""
+    """Behaviour check after each sync (labkit.sync.probe), 0: off. The engine samples `probe` tokens for each of a
+    fixed batch of prompts and the trainer (a producer that scores tokens) scores the same tokens; `sync/probe_kl`
+    (their KL estimate) above `probe_kl_max` fails the sync and, atomic, restores the last good weights. It catches what
+    checksums cannot: stale derived weights, caches, an engine serving something other than what it holds."""
     probe_kl_max: float | None = None
     """The largest `sync/probe_kl` a sync may show. None: by the engine's precision (labkit.sync.probe.limit),
     1e-4 for a float32 engine, 0.25 for a bf16, fp16 or block-FP8 one, set from data/probe_calibration_cpu.json
@@ -84,42 +82,33 @@ class SyncConfig:
     labkit's tiny FP8 preset, its quantization's own KL)."""
 
     def __post_init__(self) -> None:
-        check_choice(self, "transport")
-        check(isinstance(self.bucket_mb, (int, float)) and not isinstance(self.bucket_mb, bool) and self.bucket_mb > 0,
-              "bucket_mb", self.bucket_mb, "a positive number of MiB")
+        for f in ("transport", "verify", "selector", "pause_mode", "engine_loader"):
+            check_choice(self, f)
+        check(number(self.bucket_mb) and self.bucket_mb > 0, "bucket_mb", self.bucket_mb, "a positive number of MiB")
         if self.memory_budget_mb is not None:
-            check(isinstance(self.memory_budget_mb, (int, float)) and self.memory_budget_mb > 0,
-                  "memory_budget_mb", self.memory_budget_mb, "a positive number of MiB or None")
+            check(number(self.memory_budget_mb) and self.memory_budget_mb > 0, "memory_budget_mb",
+                  self.memory_budget_mb, "a positive number of MiB or None")
             check(2 * self.bucket_mb <= self.memory_budget_mb, "bucket_mb", self.bucket_mb,
                   f"at most half the memory budget ({self.memory_budget_mb} MiB): two buckets are in flight")
-        check_choice(self, "verify")
-        check_choice(self, "selector")
-        check(isinstance(self.atomic, bool), "atomic", self.atomic, "True or False")
-        check(isinstance(self.stage_spare, bool), "stage_spare", self.stage_spare, "True or False")
-        check(isinstance(self.unsafe_skip_verify, bool), "unsafe_skip_verify", self.unsafe_skip_verify,
-              "True or False")
+        for f in ("atomic", "stage_spare", "unsafe_skip_verify"):
+            check(isinstance(getattr(self, f), bool), f, getattr(self, f), "True or False")
         if self.atomic and self.verify == "none" and not self.unsafe_skip_verify:
             raise ValueError("verify='none' is refused by the atomic guard (atomic=True): it would serve, and keep as "
                              "the rollback target, weights nobody checked; pass unsafe_skip_verify=True to serve "
                              "unverified weights, or atomic=False to measure the bare transport")
-        check(isinstance(self.delta, int) and not isinstance(self.delta, bool) and self.delta >= 0, "delta",
-              self.delta, "0 (off) or the number of syncs between full anchors (>= 1)")
+        check(number(self.delta, int) and self.delta >= 0, "delta", self.delta,
+              "0 (off) or the number of syncs between full anchors (>= 1)")
         if self.delta:
             check(self.transport in ("colocated", "distributed"), "transport", self.transport,
                   "colocated or distributed with delta (one flat bucket per call carries a delta)")
-        check(self.host_threads is None or (isinstance(self.host_threads, int) and not isinstance(
-            self.host_threads, bool) and self.host_threads >= 1), "host_threads", self.host_threads,
-              "None (every core but the engine's) or a positive number of threads")
-        check(isinstance(self.probe, int) and not isinstance(self.probe, bool) and self.probe >= 0, "probe",
-              self.probe, "0 (off) or the tokens to sample per probe prompt")
-        check(self.probe_kl_max is None or (isinstance(self.probe_kl_max, (int, float)) and not isinstance(
-            self.probe_kl_max, bool) and self.probe_kl_max > 0), "probe_kl_max", self.probe_kl_max,
-              "None (by the engine's precision) or a positive number")
-        check_choice(self, "pause_mode")
-        check_choice(self, "engine_loader")
-        if self.delta:
             check(self.engine_loader != "sglang", "engine_loader", self.engine_loader,
                   "auto or labkit with delta (only labkit's loader decodes a delta payload)")
+        check(self.host_threads is None or (number(self.host_threads, int) and self.host_threads >= 1), "host_threads",
+              self.host_threads, "None (every core but the engine's) or a positive number of threads")
+        check(number(self.probe, int) and self.probe >= 0, "probe", self.probe,
+              "0 (off) or the tokens to sample per probe prompt")
+        check(self.probe_kl_max is None or (number(self.probe_kl_max) and self.probe_kl_max > 0), "probe_kl_max",
+              self.probe_kl_max, "None (by the engine's precision) or a positive number")
         if self.atomic and self.pause_mode == "in_place":
             raise ValueError("pause_mode='in_place' is refused by the atomic guard (atomic=True): SGLang leaves "
                              "running requests in place with KV computed by the old weights, so their remaining "
@@ -128,8 +117,7 @@ class SyncConfig:
                              "'abort', or atomic=False to measure the bare transport")
         for f in ("timeout_s", "deadline_s"):
             v = getattr(self, f)
-            check(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0, f, v,
-                  "a positive number of seconds")
+            check(number(v) and v > 0, f, v, "a positive number of seconds")
         check(self.deadline_s >= self.timeout_s, "deadline_s", self.deadline_s,
               f"at least timeout_s={self.timeout_s}: the whole sync cannot be shorter than one of its waits")
 

@@ -1,29 +1,25 @@
 """Delta sync, the trainer's side: a copy of what the engine holds, bucket by bucket, and the words sent.
 
-`SyncConfig.delta = N` (N >= 1): each bucket, packed in the engine's dtype as usual, is compared word by word with
-the copy of what this trainer last sent; only the changed words cross, with a change mask or their indices
-(labkit.engine.inside.delta), and labkit's engine-side loader writes them into its parameters
-(labkit.engine.inside.apply).
-Worth it where the engine serves a narrower dtype than the trainer's fp32 master weights (bf16): after a small
-step most bf16 words round to what they were (verl PR #6974: 0.8-2.6 % changed; slime's delta doc ~3 %).
+`SyncConfig.delta = N` (N >= 1): each bucket, packed in the engine's dtype as usual, is compared word by word with the
+copy of what this trainer last sent; only the changed words cross (a change mask or their indices,
+labkit.engine.inside.delta) and labkit's engine-side loader writes them in (labkit.engine.inside.apply). Worth it where
+the engine serves a narrower dtype than the trainer's fp32 master weights: after a small step most bf16 words round to
+what they were (verl PR #6974: 0.8-2.6 % changed; slime's delta doc ~3 %).
 
-The copy is trusted only while nothing else could have changed the engine; otherwise the next sync is an
-anchor (every byte, and a fresh copy):
+The copy is trusted only while nothing else could have changed the engine; otherwise the next sync is an anchor (every
+byte, and a fresh copy):
 - a new plan (bucket size, tensor list);
 - `N` syncs since the last anchor (a full sync bounds how long an undetected drift could last);
-- the engine reports a weight version other than the one the copy was made for: a restarted engine, the
-  atomic guard's rollback to older weights, another writer;
-- the last sync's engine applied some tensors through SGLang's `load_weights` (`sync/apply_path` not
-  `copy_plan`: TP > 1, a tensor the model cannot map): a delta cannot reach those, so every sync is full;
-- a sync that failed, or whose verification failed, drops the copy; the copy is trusted again only once a
-  sync commits (between `begin` and `commit` it is already ahead of the engine).
-Verification of a delta sync compares the engine with the trainer's full export (labkit.sync.hooks), not with
-what was sent, so a wrong delta cannot verify.
-Memory: the copy is one engine-dtype model (kept on the trainer's host) plus one payload buffer of a bucket.
-Version names are what ties the copy to the engine: two writers that name versions alike (two engines synced
-alternately by one trainer, or two Syncers on one rank, e.g. syncs with and without `exclude=`) can make a copy
-look current when it is not. Verification then fails and the guard restores the engine (an unverified sync
-would not notice): use delta=0 there.
+- an engine weight version other than the copy's: a restarted engine, the atomic guard's rollback, another writer;
+- the last sync's engine applied some tensors through SGLang's `load_weights` (`sync/apply_path` not `copy_plan`: TP>1,
+  a tensor the model cannot map): a delta cannot reach those, so every sync is full;
+- a failed or unverified sync drops the copy; it is trusted again only once a sync commits (between `begin` and `commit`
+  it is already ahead of the engine).
+A delta sync is verified against the trainer's full export (labkit.sync.hooks), not against what was sent: a wrong delta
+cannot verify. Memory: one engine-dtype model on the trainer's host (the copy) plus one payload buffer of a bucket.
+Version names tie the copy to the engine: two writers that name versions alike (two engines synced alternately by one
+trainer, or two Syncers on one rank, e.g. syncs with and without `exclude=`) can make a copy look current when it is
+not. Verification then fails and the guard restores the engine (an unverified sync would not notice): use delta=0 there.
 """
 
 from __future__ import annotations
@@ -44,8 +40,7 @@ class DeltaState:
         self.plan: Plan | None = None
         self.version: str | None = None  # the engine weight version the copy equals
         self.since_anchor = 0
-        self.anchor = True
-        self.reason = "no copy of the engine's weights"
+        self.anchor, self.reason = True, "no copy of the engine's weights"  # anchor: every byte, and why
         self.pool: bk.BufferPool | None = None
         self.words = self.changed = self.wire = 0
         self.by_plan = True  # the last committed sync was applied by labkit's copy plan throughout
@@ -76,22 +71,20 @@ class DeltaState:
         word = codec.word_bytes(bk.torch_dtype(t.dtype).itemsize for t in b.tensors)
         n = flat.numel() // word
         self.words += n
-        shadow = self.shadows.get(b.index)
+        shadow, r = self.shadows.get(b.index), None
         if shadow is None or shadow.numel() != flat.numel():
             self.shadows[b.index] = flat.clone()
-            self.changed += n
         elif self.anchor or b.oversize:  # an oversize bucket travels whole: no payload buffer its size is kept
             shadow.copy_(flat)
-            self.changed += n
         else:
-            r = codec.encode(flat, shadow, word, self.pool.take())
-            if r is not None:
-                self.changed += r[1]
-                self.wire += r[0].numel()
-                return r[0], delta_key(layout, word, n, r[2])
-            self.changed += n  # not smaller than the bucket: sent whole
-        self.wire += flat.numel()
-        return flat, layout
+            r = codec.encode(flat, shadow, word, self.pool.take())  # None: not smaller than the bucket
+        if r is None:  # sent whole
+            self.changed += n
+            self.wire += flat.numel()
+            return flat, layout
+        self.changed += r[1]
+        self.wire += r[0].numel()
+        return r[0], delta_key(layout, word, n, r[2])
 
     def commit(self, version: str, apply_path: str = "copy_plan") -> None:
         """The sync landed (verified, or verification was off): the copy is what the engine holds."""

@@ -1,21 +1,19 @@
-"""One trainer, several engines, one weight version: every bucket goes out once to all of them (verl and slime
-sync many rollout replicas this way), each engine is verified, and a failed engine is fenced without holding up
-the others.
+"""One trainer, several engines, one weight version: every bucket goes out once to all of them (verl and slime sync many
+rollout replicas this way), each engine is verified, and a failed engine is fenced without holding up the others.
 
 Flow of `Replicas.sync` (driver side):
 1. prepare: every engine not fenced must serve the same last good weights (one host copy for all of them,
    `lastgood.Store`, shared by one `Guard` per engine); pause generation on each;
-2. one Syncer run into an `EngineGroup` of the engines (a handle that sends every call to every member at
-   once): the distributed transport builds ONE weight-update group of the trainer and every engine's TP ranks
-   (rank offsets 1, 1 + tp_0, ...) and broadcasts each bucket once; colocated hands every engine the same
-   shared-memory handle;
-3. verify each: engine 0 through the Syncer's own verification, every other engine's checksums against engine
-   0's; the host copy is promoted, generation continues;
-4. on failure: each engine that still answers is restored to the last good weights by its guard (the atomic
-   protocol, labkit.sync.atomic); one that does not is fenced (no traffic, never restarted here: a restart costs
-   a model load the other engines would wait for; `revive(i)` brings it back). The engines still live retry the
-   same version once, so one dead replica costs the others a retry, not the version. An engine that landed but
-   fails its own verification is restored to the new version from the host copy.
+2. one Syncer run into an `EngineGroup` of the engines (a handle that sends every call to every member at once): the
+   distributed transport builds ONE weight-update group of the trainer and every engine's TP ranks (rank offsets 1,
+   1+tp_0, ...) and broadcasts each bucket once; colocated hands every engine the same shared-memory handle;
+3. verify each: engine 0 through the Syncer's own verification, every other engine's checksums against engine 0's; the
+   host copy is promoted, generation continues;
+4. on failure: each engine that still answers is restored to the last good weights by its guard (the atomic protocol,
+   labkit.sync.atomic); one that does not is fenced (no traffic, never restarted here: a restart costs a model load the
+   other engines would wait for; `revive(i)` brings it back). The engines still live retry the same version once, so one
+   dead replica costs the others a retry, not the version. An engine that landed but fails its own verification is
+   restored to the new version from the host copy.
 """
 
 from __future__ import annotations
@@ -224,9 +222,8 @@ class Replicas:
                 self.fenced.add(i)
 
     def _restore(self, i: int, checksums: dict, version: str, dtype: str, cfg) -> None:
-        g = self.guards[i]
-        g._restore_into(self.engines[i].portable(call_timeout_s=cfg.timeout_s), checksums, version, dtype,
-                        restarted=False)
+        self.guards[i]._restore_into(self.engines[i].portable(call_timeout_s=cfg.timeout_s), checksums, version,
+                                     dtype, restarted=False)
 
     def _healthy(self, i: int) -> bool:
         try:

@@ -1,10 +1,9 @@
 """Per-bucket side work of a sync: what the syncer does with each bucket besides sending it.
 
-A hook sees every bucket once it is handed to the transport (`on_bucket`: its exported tensors and, for the
-flattened transports, the packed buffer, which is reused for bucket i+2, so anything kept from it is copied
-now), answers its metrics once the session is closed (`finish`), and gives back what it holds when the sync
-fails (`abort`). Its time is charged to `timing/sync/<phase>`. Adding one means adding a class and a line in
-`for_config`; the syncer's loop does not change.
+A hook sees every bucket once it is handed to the transport (`on_bucket`: its exported tensors and, for the flattened
+transports, the packed buffer, reused for bucket i+2, so what it keeps is copied now), answers its metrics once the
+session is closed (`finish`) and gives back what it holds when the sync fails (`abort`); its time is charged to
+`timing/sync/<phase>`. A new hook is a class and a line in `for_config`; the syncer's loop does not change.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import torch
 
 from labkit.engine import checksum as ck
 from labkit.engine.contract import part_counts
-from labkit.sync.verify import ENGINE_CHECKSUMS
 from labkit.sync import bucket as bk
 from labkit.sync import lastgood
 from labkit.sync import verify as vf
@@ -31,7 +29,8 @@ class Hook(Protocol):
 
     def finish(self, engine, version: str) -> dict: ...
 
-    def abort(self) -> None: ...
+    def abort(self) -> None:
+        """Give back what it holds (default: nothing to give back)."""
 
 
 def _engine_dtype(b: Bucket, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -44,7 +43,7 @@ def _engine_dtype(b: Bucket, tensors: dict[str, torch.Tensor]) -> dict[str, torc
     return out
 
 
-class Checksums:
+class Checksums(Hook):
     """verify="checksum": the expected checksums, accumulated bucket by bucket, against the engine's."""
 
     phase = "verify"
@@ -59,13 +58,10 @@ class Checksums:
         actual = engine.checksums()
         # The engine's checksums ride back under a private key: the atomic guard takes them as its "after"
         # instead of hashing the whole model again (~0.3 s of a 0.3 GB model on CPU); `sync()` drops the key.
-        return {**vf.compare(self.expected.finish(), actual), ENGINE_CHECKSUMS: actual}
-
-    def abort(self) -> None:
-        pass
+        return {**vf.compare(self.expected.finish(), actual), vf.ENGINE_CHECKSUMS: actual}
 
 
-class FullCopies:
+class FullCopies(Hook):
     """verify="full": a host copy of every tensor sent, compared element-wise with what the engine serves."""
 
     phase = "verify"
@@ -79,11 +75,8 @@ class FullCopies:
     def finish(self, engine, version: str) -> dict:
         return vf.compare_full(self.kept, engine.get_weights_by_name)
 
-    def abort(self) -> None:
-        pass
 
-
-class Stage:
+class Stage(Hook):
     """The rollback copy of the version being sent (`lastgood.Writer` under `stage_dir`), written from the
     flat buffer before it is reused, or only indexed where the syncer packed the bucket into the copy itself
     (colocated, distributed on CPU); complete (index.json) only once the session closed."""
@@ -120,12 +113,11 @@ def for_config(cfg: SyncConfig, plan=None, engine_spec: dict | None = None,
     engine's FFN padding and the hash its checker runs; `slots`, the syncer's kept mappings of rollback copies."""
     sizes = part_counts(t.name for t in plan.tensors) if plan is not None else None
     spec = engine_spec or {}
-    ffn_pad = spec.get("ffn_pad", 1)
     hooks: list[Hook] = []
     if cfg.verify == "full":
         hooks.append(FullCopies())
     elif cfg.verify != "none":
-        hooks.append(Checksums(sizes, ffn_pad, spec.get("checksum", ck.DEFAULT)))
+        hooks.append(Checksums(sizes, spec.get("ffn_pad", 1), spec.get("checksum", ck.DEFAULT)))
     if cfg.stage_dir:
         capacity = plan.total_bytes + lastgood.ALIGN * len(plan.tensors) if plan is not None else 0
         hooks.append(Stage(cfg.stage_dir, slots, capacity))

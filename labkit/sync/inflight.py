@@ -72,8 +72,7 @@ def coverage(unverified: list[str] | None) -> dict:
 def metrics(s: State, result: dict) -> dict:
     """The sync's metrics: its phases, what it moved and how, and `result` (the hooks' and verification's)."""
     total, plan = time.perf_counter() - s.t_start, s.plan
-    out = {f"timing/sync/{k}": round(v, 6) for k, v in s.phases.items()}
-    out.update({
+    return {f"timing/sync/{k}": round(v, 6) for k, v in s.phases.items()} | {
         "timing/sync/total": round(total, 6),
         "sync/transport": s.cfg.transport,
         "sync/engine_loader": s.cfg.engine_loader,
@@ -93,5 +92,4 @@ def metrics(s: State, result: dict) -> dict:
         **s.nodes,
         **(s.delta.metrics() if s.delta is not None else {"sync/wire_bytes": plan.total_bytes}),
         **result,
-    })
-    return out
+    }

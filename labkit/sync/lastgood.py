@@ -1,13 +1,12 @@
 """The host-side copy of a weight version: what a failed sync restores the engine to, bitwise.
 
-A copy is a directory: `data.bin` (every tensor's raw bytes, in the engine's dtype, 64-byte aligned) and
-`index.json` (HF name, dtype, shape, offset per tensor + the version). `index.json` is written last, by
-rename, so a directory without it is a copy that was cut short (its writer died) and is never read.
+A copy is a directory: `data.bin` (every tensor's raw bytes, in the engine's dtype, 64-byte aligned) and `index.json`
+(HF name, dtype, shape, offset per tensor + the version). `index.json` is written last, by rename, so a directory
+without it is a copy that was cut short (its writer died) and is never read.
 
-The syncer writes the copy of the version it is sending while it sends it (`Writer.add` per bucket), in
-whatever process runs the sync, to a path the driver chose (tmpfs by default): the files outlive that
-process, so the copy survives the trainer being killed. `Store` (driver side) keeps which copy is the last
-good one, recycles the superseded one as the next staging directory and removes the rest.
+The syncer writes the copy of the version it sends while sending it (`Writer.add` per bucket), in whatever process runs
+the sync, to a path the driver chose (tmpfs by default): the files outlive that process, so the copy survives a killed
+trainer. `Store` (driver side) tracks the last good copy and recycles the superseded one as the next staging directory.
 """
 
 from __future__ import annotations
@@ -30,18 +29,17 @@ from labkit.sync import bucket as bk
 from labkit.sync.slots import Slots
 
 ALIGN = 64
-STAGE_PREFIX = "labkit_stage_"  # + `pids.owner_tag()` + "-": whose copies they are, for `_remove_orphans`
+STAGE_PREFIX = "labkit_stage_"  # + `pids.owner_tag()` + "-": whose copies they are, for `Store`'s sweep
 
 
 class Writer:
     """Writes one copy: tensors appended in order (`add`), then `finish` makes it a copy (index.json, by rename).
 
-    With `maps` (a `Slots` of the writing process) the bytes are copied into a kept MAP_SHARED mapping of
-    `data.bin`: a directory the store recycles (`Store.staging`) is then written at memory speed. A `write()`
-    into tmpfs copies through the kernel even into pages that exist, and a fresh file or a fresh mapping
-    page-faults every page in first, both well below a copy into a mapping already faulted in. Nothing ever shrinks
-    `data.bin` (a file shrunk under a mapping kills its writer with SIGBUS): bytes past `nbytes` are stale and never
-    read."""
+    With `maps` (a `Slots` of the writing process) the bytes are copied into a kept MAP_SHARED mapping of `data.bin`, so
+    a directory the store recycles (`Store.staging`) is written at memory speed: a `write()` into tmpfs copies through
+    the kernel even into pages that exist, and a fresh file or mapping page-faults every page in first. Nothing ever
+    shrinks `data.bin` (a file shrunk under a mapping kills its writer with SIGBUS): bytes past `nbytes` are stale and
+    never read."""
 
     def __init__(self, path: str | os.PathLike, maps: Slots | None = None, capacity: int = 0):
         self.path = Path(path)
@@ -128,10 +126,8 @@ def load(path: str | os.PathLike) -> tuple[str, dict[str, torch.Tensor]]:
     path = Path(path)
     index = json.loads((path / "index.json").read_text())
     raw = torch.from_file(str(path / "data.bin"), shared=False, size=max(1, index["nbytes"]), dtype=torch.uint8)
-    out = {}
-    for e in index["tensors"]:
-        piece = raw[e["offset"]: e["offset"] + e["nbytes"]]
-        out[e["name"]] = piece.view(bk.torch_dtype(e["dtype"])).reshape(e["shape"])
+    out = {e["name"]: raw[e["offset"]: e["offset"] + e["nbytes"]].view(bk.torch_dtype(e["dtype"])).reshape(e["shape"])
+           for e in index["tensors"]}
     return index["version"], out
 
 
@@ -139,8 +135,7 @@ def extend(path: str | os.PathLike, named: dict[str, torch.Tensor]) -> None:
     """Append tensors to a complete copy; it stays complete (index.json replaced, by rename, last)."""
     if not named:
         return
-    path = Path(path)
-    index = json.loads((path / "index.json").read_text())
+    index = json.loads(Path(path, "index.json").read_text())
     w = Writer(path)  # appends after index["nbytes"]: bytes past it are stale (a recycled file) and overwritten
     w.entries, w.nbytes = index["tensors"], index["nbytes"]
     w.add(named)
@@ -163,15 +158,16 @@ class Store:
     """Driver side: the last good copy (a complete directory, or a model dir's safetensors) and the staging
     directory of the sync in flight.
 
-    With `spare` (the default) a superseded copy is not removed but kept as the next sync's staging directory
-    (its index.json removed first, so it is never read as a copy again): the syncer's writer then copies into
-    a mapping it already holds (`Slots`) instead of faulting a fresh model's worth of tmpfs pages in. Cost: two
-    models of host memory at rest instead of one (two while a sync runs either way). `spare=False` frees the
-    superseded copy at once."""
+    With `spare` (the default) a superseded copy is kept as the next sync's staging directory (its index.json removed
+    first, so it is never read as a copy again): the syncer's writer then copies into a mapping it already holds
+    (`Slots`) instead of faulting a fresh model's worth of tmpfs pages in. Cost: two models of host memory at rest
+    instead of one (two while a sync runs either way). `spare=False` frees the superseded copy at once."""
 
     def __init__(self, root: str | os.PathLike | None = None, spare: bool = True):
         root = Path(root or default_root())
-        _remove_orphans(root)
+        # Copies of this pid namespace's drivers that died unclosed (`pids.dead`: another container's copies stay)
+        for d in pids.dead(root, STAGE_PREFIX):
+            shutil.rmtree(d, ignore_errors=True)
         self.root = Path(tempfile.mkdtemp(prefix=f"{STAGE_PREFIX}{pids.owner_tag()}-", dir=root))
         self.good: dict | None = None  # {"path"|"model_dir", "version", "checksums"}
         self.spare: str | None = None  # a superseded copy's directory, no longer a copy, written over next
@@ -185,12 +181,11 @@ class Store:
         if spare is not None:
             self.keep_spare = spare
         path, self.spare = self.spare, None
-        if path is not None and not self.keep_spare:
-            shutil.rmtree(path, ignore_errors=True)
-            path = None
-        if path is not None and Path(path).is_dir():
+        if path is not None and self.keep_spare and Path(path).is_dir():
             Path(path, "index.json").unlink(missing_ok=True)
             return path
+        if path is not None:  # not kept (or gone)
+            shutil.rmtree(path, ignore_errors=True)
         self._n += 1
         return str(self.root / f"s{self._n}")
 
@@ -246,13 +241,6 @@ def _names(good: dict) -> set[str]:
         with safe_open(str(f), "pt") as st:
             out.update(st.keys())
     return out
-
-
-def _remove_orphans(root: Path) -> None:
-    """Copies left by drivers of this pid namespace that died without closing their store (`pids.dead`: a
-    driver in another container sharing /dev/shm keeps its copy, though its pid is not seen from here)."""
-    for d in pids.dead(root, STAGE_PREFIX):
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def model_dir_tensors(model_dir: str, dtype: str) -> dict[str, torch.Tensor]:

@@ -1,13 +1,12 @@
 """The memory a sync really adds, measured by the kernel, beside the planned figure (`sync/peak_extra_bytes`).
 
-The plan counts the buffers it allocates (two flat buckets, an oversize one travelling alone); what it cannot
-count are the transients: a tensor cast to the engine's dtype before packing, a gathered export tensor, a
-delta's change mask. Linux keeps a high-water mark of each process's resident memory (`VmHWM`) and resets it
-to the current size on `echo 5 > /proc/self/clear_refs`, so the peak over a block is exact, with no sampling
-and nothing to miss between samples. Resident memory includes shared mappings this process touches: the
-atomic guard's host copy (`sync/stage_bytes`, reported on its own) shows up in it, so the bench reads the
-measured peak from syncs without the guard. Elsewhere (no /proc, a kernel that refuses the reset) it reports
-None rather than a guess.
+The plan counts the buffers it allocates (two flat buckets, an oversize one travelling alone); what it cannot count are
+the transients: a tensor cast to the engine's dtype before packing, a gathered export tensor, a delta's change mask.
+Linux keeps a high-water mark of each process's resident memory (`VmHWM`) and resets it to the current size on
+`echo 5 > /proc/self/clear_refs`, so the peak over a block is exact, with no sampling and nothing to miss between
+samples. Resident memory includes shared mappings this process touches: the atomic guard's host copy
+(`sync/stage_bytes`, reported on its own) shows up in it, so the bench reads the measured peak from syncs without the
+guard. Elsewhere (no /proc, a kernel that refuses the reset) it reports None rather than a guess.
 """
 
 from __future__ import annotations

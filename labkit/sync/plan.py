@@ -1,14 +1,13 @@
 """Bucket planning: from (name, shape, dtype) to buckets of at most `bucket_bytes`. Pure Python, no torch.
 
-A plan is computed once and replayed every sync (the tensor list of a policy never changes between steps).
-Rules, each one a failure someone shipped:
-- groups of names that the engine fuses on load (labkit.engine.contract: q/k/v -> qkv_proj, gate/up ->
-  gate_up_proj) never split across buckets: a half-landed group leaves the engine with dummy weights
-  (train-vs-rollout KL ~1.5);
+A plan is computed once and replayed every sync (the tensor list of a policy never changes between steps). Rules, each
+one a failure someone shipped:
+- groups of names that the engine fuses on load (labkit.engine.contract: q/k/v -> qkv_proj, gate/up -> gate_up_proj)
+  never split across buckets: a half-landed group leaves the engine with dummy weights (train-vs-rollout KL ~1.5);
 - a tensor or group larger than a bucket travels alone, and counts in the memory figure;
 - duplicate names are dropped (PP>1 + MTP re-exports the shared embedding);
-- inside a bucket, tensors are ordered by decreasing item size so every byte offset is aligned for its
-  dtype (SGLang's receive-side FlattenedTensorBucket.empty checks this).
+- inside a bucket, tensors are ordered by decreasing item size so every byte offset is aligned for its dtype (SGLang's
+  receive-side FlattenedTensorBucket.empty checks this).
 """
 
 from __future__ import annotations
@@ -93,9 +92,7 @@ class Plan:
 
 
 def check_bucket_bytes(bucket_bytes: object, budget_bytes: int | None = None) -> int:
-    if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int):
-        raise ValueError(f"bucket_bytes={bucket_bytes!r} is invalid: expected a positive integer number of bytes")
-    if bucket_bytes <= 0:
+    if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes={bucket_bytes!r} is invalid: expected a positive integer number of bytes")
     if budget_bytes is not None and 2 * bucket_bytes > budget_bytes:
         raise ValueError(f"bucket_bytes={bucket_bytes} is invalid: two buckets in flight need {2 * bucket_bytes} "
@@ -107,17 +104,13 @@ def plan_buckets(tensors: Iterable[TensorMeta], bucket_bytes: int,
                  group: Callable[[str], str] = plan_group, budget_bytes: int | None = None) -> Plan:
     """Greedy, order-preserving packing of groups into buckets of at most `bucket_bytes`."""
     check_bucket_bytes(bucket_bytes, budget_bytes)
-    seen, dropped, groups, order = set(), [], {}, []
+    seen, dropped, groups = set(), [], {}  # groups: group key -> its tensors, in first-seen order
     for t in tensors:
         if t.name in seen:
             dropped.append(t.name)
             continue
         seen.add(t.name)
-        key = group(t.name)
-        if key not in groups:
-            groups[key] = []
-            order.append(key)
-        groups[key].append(t)
+        groups.setdefault(group(t.name), []).append(t)
 
     buckets: list[Bucket] = []
     current: list[TensorMeta] = []
@@ -128,8 +121,7 @@ def plan_buckets(tensors: Iterable[TensorMeta], bucket_bytes: int,
             items = sorted(items, key=lambda t: -ITEMSIZE[t.dtype])  # stable: keeps order within a dtype
             buckets.append(Bucket(len(buckets), tuple(items), oversize))
 
-    for key in order:
-        items = groups[key]
+    for items in groups.values():
         size = sum(t.nbytes for t in items)
         if size > bucket_bytes:
             close(current)
@@ -168,8 +160,8 @@ def check_coverage(plan: Plan, engine: dict | None, exclude: tuple[str, ...] = (
         return None
     check_tensors(engine, ((t.name, t.shape, t.dtype) for t in plan.tensors), "sync plan")
     sent = {t.name for t in plan.tensors}
-    unpaired = [n for n in sent if (fp8.weight_of(n) or n + fp8.SCALE_SUFFIX) in engine
-                and (fp8.weight_of(n) or n + fp8.SCALE_SUFFIX) not in sent
+    other = {n: fp8.weight_of(n) or n + fp8.SCALE_SUFFIX for n in sent}  # a scale's weight, a weight's scale
+    unpaired = [n for n, o in other.items() if o in engine and o not in sent
                 and (fp8.weight_of(n) is not None or engine[n][1] == fp8.E4M3)]
     if unpaired:
         raise ValueError(f"sync refused: {len(unpaired)} block-FP8 weights or scales would travel without their "

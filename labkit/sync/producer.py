@@ -1,19 +1,17 @@
 """Who feeds a sync: the producer/consumer contract between what holds the weights and what moves them.
 
-A sync moves weights into an engine (`labkit.sync.sync`, `Guard.sync`, `Replicas.sync`, `Workbench.sync`: the
-verb `sync` means that and only that). The weights come from a *producer*, which moves nothing itself: it hands
-its (HF name, tensor) pairs to a *consumer* where they are, and the consumer moves them into the engine.
+A sync moves weights into an engine (`labkit.sync.sync`, `Guard.sync`, `Replicas.sync`, `Workbench.sync`: the verb
+`sync` means that and only that). The weights come from a *producer*, which moves nothing itself: it hands its (HF name,
+tensor) pairs to a *consumer* where they are, and the consumer moves them into the engine.
 
-- `Consumer`: the sync layer's `labkit.sync.session.Syncer` (plan -> buckets -> transport -> verify). `run` takes
-  the pairs and the engine and returns the sync's metrics; `close` frees its buffers (shared-memory files for the
-  colocated transport). A consumer is picklable: it crosses to the process that holds the tensors.
-- `Producer`: `export_to(consumer, engine, cfg, engine_spec, weight_version, exclude=..., deadline_s=...)` calls
-  `consumer.run(pairs, engine, cfg, engine_spec, weight_version, exclude=...)` where the pairs are and returns its
-  metrics. The `Trainer` (labkit.trainer.group) is one: its ranks run the export collectively and rank 0 runs the
-  consumer, which it keeps between syncs (the replayed plan, the reusable buffers) and closes on `release`; it
-  fences itself (kills its ranks) when `deadline_s` passes or the call is interrupted, so no late bucket reaches
-  the engine. `LocalProducer` is another: pairs already in this process (`labkit.sync.stream`); it keeps no
-  consumer and closes it at once.
+- `Consumer`: the `labkit.sync.session.Syncer` (plan -> buckets -> transport -> verify). `run` takes the pairs and the
+  engine and returns the sync's metrics; `close` frees its buffers (the colocated transport's shared-memory files). It
+  is picklable: it crosses to the process that holds the tensors.
+- `Producer`: `export_to(consumer, engine, cfg, ...)` calls `consumer.run(pairs, engine, cfg, ...)` where the pairs are
+  and returns its metrics. The `Trainer` (labkit.trainer.group) is one: its ranks run the export collectively and rank 0
+  runs the consumer, which it keeps between syncs (the replayed plan, the reusable buffers) and closes on `release`; it
+  fences itself (kills its ranks) when `deadline_s` passes or the call is interrupted, so no late bucket reaches the
+  engine. `LocalProducer` (`labkit.sync.stream`), over pairs already in this process, closes the consumer at once.
 
 The guard (labkit.sync.atomic) and the replicas (labkit.sync.fanout) drive a producer and never reach into its
 processes. The trainer implements the Protocol without importing it (imports point down: trainer/ is below sync/).

@@ -1,16 +1,15 @@
 """Quantize on the way: a bf16 (or fp32) trainer syncing into a block-FP8 engine.
 
-The engine's checkpoint decides what is fp8 (labkit.models.fp8: quantizable weights, each with a
-`weight_scale_inv`), and the sync follows it: every exported weight the engine holds in float8_e4m3fn is
-quantized here, on the trainer's side, by labkit's one recipe, and its scale is yielded right after it, so the
-planner puts both in one group and one bucket (labkit.engine.contract.plan_group): the engine never serves a new
-weight with an old scale. Everything else passes unchanged (the planner casts it to the engine's dtype).
+The engine's checkpoint decides what is fp8 (labkit.models.fp8: quantizable weights, each with a `weight_scale_inv`),
+and the sync follows it: every exported weight the engine holds in float8_e4m3fn is quantized here, on the trainer's
+side, by labkit's one recipe, and its scale is yielded right after it, so the planner puts both in one group and one
+bucket (labkit.engine.contract.plan_group): the engine never serves a new weight with an old scale. Everything else
+passes unchanged (the planner casts it to the engine's dtype).
 
-Quantizing here rather than in the engine keeps verification bitwise: the trainer hashes exactly the bytes it
-sent, and the engine hashes the fp8 weights and scales it holds (not a dequantization, which two different
-weight/scale pairs can share). A tensor that arrives already in fp8 passes as it is (a producer that
-quantized it); a float tensor for an fp8 slot without a scale in the engine's model is left for the contract
-check to refuse by name, never cast.
+Quantizing here rather than in the engine keeps verification bitwise: the trainer hashes exactly the bytes it sent, and
+the engine hashes the fp8 weights and scales it holds (not a dequantization, which two different weight/scale pairs can
+share). A tensor that arrives already in fp8 passes as it is (a producer that quantized it); a float tensor for an fp8
+slot without a scale in the engine's model is left for the contract check to refuse by name, never cast.
 """
 
 from __future__ import annotations

@@ -1,16 +1,15 @@
 """One sync = one SGLang weight-update session, measured phase by phase.
 
 prepare (plan or replay it, coverage check, buffers, transport) -> open the session (release the KV cache,
-begin_weight_update) -> stream the buckets: gather (pull from the trainer's export) -> pack (flat buffer) ->
-transfer + load (transport; overlapped with packing the next bucket) -> close the session
-(end_weight_update, flush_cache, resume memory, new weight_version) -> verify (checksums, trainer side vs
-engine side) -> metrics.
+begin_weight_update) -> stream the buckets: gather (pull from the trainer's export) -> pack (flat buffer) -> transfer +
+load (transport; overlapped with packing the next bucket) -> close the session (end_weight_update, flush_cache, resume
+memory, new weight_version) -> verify (checksums, trainer side vs engine side) -> metrics.
 
-Runs on the trainer rank that holds the full exported tensors (rank 0); the other ranks only drain the
-export generator, whose collectives need every rank. What happens to each bucket besides sending it is a
-hook (labkit.sync.hooks): the expected checksums, and with `stage_dir` set (labkit.sync.atomic does) the
-host-side copy of every tensor sent (`timing/sync/stage`), the rollback source of the next sync. Every wait
-is bounded by `timeout_s`; named failpoints (labkit.failpoints) mark where `labkit faults` injects faults.
+Runs on the trainer rank that holds the full exported tensors (rank 0); the other ranks only drain the export generator,
+whose collectives need every rank. What happens to each bucket besides sending it is a hook (labkit.sync.hooks): the
+expected checksums, and with `stage_dir` set (labkit.sync.atomic does) the host-side copy of every tensor sent
+(`timing/sync/stage`), the rollback source of the next sync. Every wait is bounded by `timeout_s`; named failpoints
+(labkit.failpoints) mark where `labkit faults` injects faults.
 """
 
 from __future__ import annotations
@@ -34,11 +33,6 @@ from labkit.sync.slots import Slots
 from labkit.sync.transport import Mappings, make, where
 
 
-def _wait_for_device() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 MAX_PLANS = 4  # plans a Syncer keeps (each a few tensors' metadata; buffers are not kept per plan)
 
 
@@ -47,9 +41,8 @@ class Syncer:
 
     def __init__(self):
         self.plan: Plan | None = None  # the last sync's plan
-        # (bucket bytes, engine dtype) -> plan, the most recently used last: a trainer that alternates between
-        # transports or bucket sizes (per-tensor and bucketed in one bench, a tuner's trials) replays each plan
-        # instead of listing the export and planning again on every switch
+        # (bucket bytes, engine dtype, quantized) -> plan, most recently used last: a trainer alternating transports
+        # or bucket sizes (a bench's arms, a tuner's trials) replays each plan instead of listing the export again
         self.plans: dict[tuple, Plan] = {}
         self.pool: bk.BufferPool | None = None
         self.delta: DeltaState | None = None
@@ -59,14 +52,10 @@ class Syncer:
 
     def close(self) -> None:
         """Free the reusable buffers now (shared-memory files for the colocated transport), not at exit."""
-        if self.pool is not None:
-            self.pool.close()
-            self.pool = None
-        if self.delta is not None:
-            self.delta.close()
-            self.delta = None
-        self.maps.close()
-        self.slots.close()
+        for held in (self.pool, self.delta, self.maps, self.slots):
+            if held is not None:
+                held.close()
+        self.pool = self.delta = None
 
     def run(self, named_iter, engine, cfg: SyncConfig, engine_spec: dict | None = None,
             weight_version: str | None = None, exclude: tuple[str, ...] = ()) -> dict:
@@ -76,7 +65,7 @@ class Syncer:
         s.rss = PeakRSS().start()  # the kernel's high-water mark from here on: what the plan cannot count
         named_iter = self._prepare(s, named_iter, engine, engine_spec, tuple(exclude))  # plan, buffers, transport
         s.version = weight_version or f"v{self.version + 1}"
-        self._open_session(s, engine)  # release the KV cache, begin_weight_update
+        s.timed("session", self._open_session, s, engine)  # release the KV cache, begin_weight_update
         hooks = hk.for_config(cfg, s.plan, engine_spec, self.slots)  # checksums or full copies; rollback copy
         try:
             with bk.host_threads(s.device, cfg.host_threads, s.nodes.get("sync/cross_node", False)):
@@ -87,7 +76,7 @@ class Syncer:
             if s.delta is not None:
                 s.delta.drop()  # the engine may hold anything now: the next sync is an anchor
             raise
-        self._close_session(s, engine)  # end_weight_update, flush_cache, resume memory, new version
+        s.timed("session", self._close_session, s, engine)  # end_weight_update, flush_cache, resume memory, version
         self.version += 1
         result = inflight.coverage(s.unverified)
         for h in hooks:  # verification, then the rollback copy made complete
@@ -132,14 +121,14 @@ class Syncer:
             self.plan = None
             raise
         self._buffers(s)
-        if not cfg.delta and self.delta is not None:  # delta off: its copy of the engine is host memory for nothing
-            self.delta.close()
-            self.delta = None
         if cfg.delta:
             self.delta = self.delta or DeltaState(cfg.delta, device=s.device)
             self.delta.anchor_every, s.delta = cfg.delta, self.delta
             s.delta.begin(s.plan, engine.weight_version)
             s.extra = s.peak = s.extra + (s.delta.pool.allocated_bytes if s.delta.pool else 0)
+        elif self.delta is not None:  # delta off: its copy of the engine is host memory for nothing
+            self.delta.close()
+            self.delta = None
         s.transport = make(cfg.transport, timeout_s=cfg.timeout_s, delta=s.delta, maps=self.maps,
                            engine_loader=cfg.engine_loader)
         s.nodes = where(s.transport, engine)  # a handle-passing transport across nodes is refused here
@@ -166,11 +155,9 @@ class Syncer:
     # --- the session ----------------------------------------------------------------------------------------
     @staticmethod
     def _open_session(s: inflight.State, engine) -> None:
-        t0 = time.perf_counter()
         if s.release:  # free the KV cache while weights are in flight (slime/verl choreography)
             engine.release_memory(["kv_cache"])
         engine.begin_weight_update(selector=s.cfg.selector)
-        s.phases["session"] += time.perf_counter() - t0
 
     def _stream(self, s: inflight.State, it, engine, hooks: list[hk.Hook]) -> None:
         """Every bucket: gather, pack, hand to the transport (on a worker thread, so the next bucket packs
@@ -201,7 +188,6 @@ class Syncer:
 
     @staticmethod
     def _close_session(s: inflight.State, engine) -> None:
-        t0 = time.perf_counter()
         s.transport.close(engine)
         s.worker.shutdown(wait=True)
         engine.end_weight_update()
@@ -212,13 +198,13 @@ class Syncer:
         if s.release:
             engine.resume_memory(["kv_cache"])
         engine.set_weight_version(s.version)
-        s.phases["session"] += time.perf_counter() - t0
 
     # --- buffers --------------------------------------------------------------------------------------------
     def _pack(self, s: inflight.State, b: Bucket, tensors: dict) -> torch.Tensor:
         out = s.stage.region(b.nbytes) if s.stage is not None else self._buffer(b, s.cfg, s.device)
         flat = bk.pack(b, tensors, out)
-        _wait_for_device()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         return flat
 
     def _buffer(self, b, cfg: SyncConfig, device: str) -> torch.Tensor:

@@ -15,10 +15,9 @@ MIN_BYTES = 64  # a mapping is never empty (lastgood.ALIGN: one aligned slot)
 
 
 class Slots:
-    """The writing process's kept mappings of the copies' `data.bin` files (at most `KEEP`: the last good copy
-    and the one being written, which the store swaps), so each sync copies into pages already faulted in.
-    A mapping is reused only while its file is the same (inode) and large enough; a file the store removed is
-    let go at the next `get` (its pages stay allocated while mapped). Lives on the Syncer; `close` lets go."""
+    """At most `KEEP` mappings: the last good copy and the one being written, which the store swaps. A mapping is
+    reused only while its file is the same (inode) and large enough; a file the store removed is let go at the next
+    `get` (its pages stay allocated while mapped). `close` lets go of them all."""
 
     KEEP = 2
 

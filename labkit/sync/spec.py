@@ -1,9 +1,8 @@
 """What the engine expects a sync to send: its model's tensors, dtype and FFN padding (`engine_spec`), checked
 against a caller's `exclude` before anything is sent (`checked_expected`).
 
-Torch-free (importing labkit.sync loads no torch). A submodule, not the package face: the guard
-(labkit.sync.atomic) and the replicas (labkit.sync.fanout) use it too, and a submodule that imported
-`labkit.sync` back would close an import loop through the package's own `sync()`.
+Torch-free (importing labkit.sync loads no torch). A submodule, not the package face, because the guard and the
+replicas use it too: importing `labkit.sync` back would close an import loop through the package's own `sync()`.
 """
 
 from __future__ import annotations

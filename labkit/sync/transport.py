@@ -1,19 +1,17 @@
 """How a packed bucket reaches the engine. One interface (`Transport`), four transports, one file each
 under labkit/sync/transports/:
 
-- `per-tensor` (`PerTensor`): one `update_weights_from_tensor` call per tensor (what verl did before PR
-  #2418): the baseline.
-- `colocated` (`Colocated`): the flat buffer stays where it is (shared memory on CPU, device memory on GPU)
-  and only a serialized handle crosses to the engine -> `update_weights_from_tensor(load_format=
-  "flattened_bucket")`.
-- `distributed` (`Distributed`): the trainer joins the engine's weight-update group exactly as SGLang builds
-  it and broadcasts each flat buffer while the engine receives it in `update_weights_from_distributed`.
-- `direct` (`Direct`): no flat buffer; the engine shares its parameters in place and the trainer writes each
-  tensor straight into them (one copy instead of two; CPU engines at TP=1, labkit's models).
+- `per-tensor` (`PerTensor`), the baseline: one `update_weights_from_tensor` call per tensor (verl before PR #2418).
+- `colocated` (`Colocated`): the flat buffer stays where it is (shared memory on CPU, device memory on GPU) and only a
+  serialized handle crosses to the engine -> `update_weights_from_tensor(load_format="flattened_bucket")`.
+- `distributed` (`Distributed`): the trainer joins the engine's weight-update group exactly as SGLang builds it and
+  broadcasts each flat buffer while the engine receives it in `update_weights_from_distributed`.
+- `direct` (`Direct`): no flat buffer; the engine shares its parameters in place and the trainer writes each tensor
+  straight into them (one copy instead of two; CPU engines at TP=1, labkit's models).
 
-`send()` returns only when the engine has loaded the bucket; the session overlaps packing the next bucket
-with it by running `send()` on a worker thread. No wait is unbounded: every engine call and collective made by
-a transport carries `timeout_s`.
+`send()` returns only when the engine has loaded the bucket; the session overlaps packing the next bucket with it by
+running `send()` on a worker thread. No wait is unbounded: every engine call and collective made by a transport carries
+`timeout_s`.
 """
 
 from __future__ import annotations
@@ -61,13 +59,11 @@ def make(name: str, timeout_s: float = 120.0, delta=None, maps: Mappings | None 
          engine_loader: str = "auto") -> Transport:
     """`delta`: a labkit.sync.delta.DeltaState (colocated and distributed only); `maps`: the engine's parameter
     files the direct transport keeps mapped across syncs (the Syncer's); `engine_loader`: SyncConfig.engine_loader."""
+    if delta is not None and name in ("direct", "per-tensor"):
+        raise ValueError(f"transport={name!r} cannot carry a delta: use colocated or distributed")
     if name == "direct":
-        if delta is not None:
-            raise ValueError("transport='direct' cannot carry a delta: use colocated or distributed")
         return Direct(maps if maps is not None else Mappings())
     if name == "per-tensor":
-        if delta is not None:
-            raise ValueError("transport='per-tensor' cannot carry a delta: use colocated or distributed")
         return PerTensor()
     if name == "colocated":
         return Colocated(delta=delta, engine_loader=engine_loader)

@@ -1,11 +1,10 @@
 """Bitwise verification of a sync: per-tensor checksums, trainer side vs engine side.
 
-The engine hashes its own parameters (SGLang's weight checker: with labkit's model classes xxh3-64 of the raw
-bytes on CPU and labkit's device hash on GPU, else SGLang's sha256 and its kernel; labkit.engine.checksum says
-why and which) in its own layout, where q/k/v
-live fused in `qkv_proj` and gate/up in `gate_up_proj` (labkit.engine.contract's fused groups). The trainer side
-rebuilds that layout from the HF tensors it sent and hashes the same way, so 64 bits per tensor cross the wire.
-`full=True` instead fetches every HF-named tensor back from the engine and compares element-wise.
+The engine hashes its own parameters in its own layout (SGLang's weight checker: with labkit's model classes xxh3-64 of
+the raw bytes on CPU and labkit's device hash on GPU, else SGLang's sha256 and its kernel; labkit.engine.checksum says
+why), q/k/v fused in `qkv_proj` and gate/up in `gate_up_proj` (labkit.engine.contract's fused groups). The trainer side
+rebuilds that layout from the HF tensors it sent and hashes the same way: 64 bits per tensor cross the wire.
+`verify="full"` instead fetches every HF-named tensor back from the engine and compares element-wise.
 """
 
 from __future__ import annotations
@@ -44,19 +43,16 @@ def padded(name: str, t: torch.Tensor, ffn_pad: int = 1) -> torch.Tensor:
 
 def engine_layout(named: dict[str, torch.Tensor], ffn_pad: int = 1) -> dict[str, torch.Tensor]:
     """HF names -> the engine's parameters (TP=1 engine layout: fused groups, padded vocabulary and FFN)."""
-    fused: dict[str, list] = {}
+    fused: dict[str, dict[int, torch.Tensor]] = {}  # key -> {index: part}
     out = {}
     for name, t in named.items():
         t = padded(name, t, ffn_pad)
         part = fused_part(name)
         if part is None:
             out[name] = t
-            continue
-        key, idx, _ = part
-        fused.setdefault(key, []).append((idx, t))
-    for name, parts in fused.items():
-        out[name] = torch.cat([t for _, t in sorted(parts, key=lambda p: p[0])], dim=0)
-    return out
+        else:
+            fused.setdefault(part[0], {})[part[1]] = t
+    return out | {key: _joined(parts) for key, parts in fused.items()}
 
 
 def expected_checksums(named: dict[str, torch.Tensor], ffn_pad: int = 1, algo: str = ck.DEFAULT) -> dict[str, str]:
@@ -64,15 +60,14 @@ def expected_checksums(named: dict[str, torch.Tensor], ffn_pad: int = 1, algo: s
 
 
 class Expected:
-    """Trainer-side checksums accumulated bucket by bucket. A fused parameter is hashed once all its parts have
-    been seen: per-tensor syncs send q, k and v separately, and a layer's experts (hundreds of slices, larger
-    than a bucket on a real MoE) arrive over several buckets. The hash is a running one (xxh3 or sha256) fed
-    the parts in index order, so only parts that arrive ahead of their turn are copied (flat buffers are reused
-    for the next bucket); on a device the parts are copied and hashed at the end (neither SGLang's device hash
-    nor labkit's, which algorithm "device" runs on every tensor, is incremental: `ck.whole`). `ffn_pad`: the
-    engine's FFN padding (`padded`). `sizes`: parts per fused parameter
-    (`labkit.engine.contract.part_counts` over the plan's names), needed for experts, whose count is not in
-    their names. `algo`: the engine checker's hash (labkit.engine.checksum)."""
+    """Trainer-side checksums accumulated bucket by bucket. A fused parameter is hashed once all its parts have been
+    seen: per-tensor syncs send q, k and v separately, and a layer's experts (hundreds of slices, larger than a bucket
+    on a real MoE) arrive over several buckets. The hash is a running one (xxh3 or sha256) fed the parts in index order,
+    so only parts that arrive ahead of their turn are copied (flat buffers are reused for the next bucket); on a device
+    the parts are copied and hashed at the end (neither SGLang's device hash nor labkit's, which algorithm "device" runs
+    on every tensor, is incremental: `ck.whole`). `ffn_pad`: the engine's FFN padding (`padded`). `sizes`: parts per
+    fused parameter (`labkit.engine.contract.part_counts` over the plan's names), needed for experts, whose count is not
+    in their names. `algo`: the engine checker's hash (labkit.engine.checksum)."""
 
     def __init__(self, sizes: dict[str, int] | None = None, ffn_pad: int = 1, algo: str = ck.DEFAULT):
         ck.check_algo(algo)  # an unknown algorithm is refused here, before the first bucket

@@ -26,7 +26,7 @@ from labkit.cluster import runtime
 from labkit.cluster.placement import PlacementSpec
 from labkit.config import ParallelSpec, TrainConfig, check
 from labkit.engine import EngineConfig
-from labkit.engine.startup import place, start_engines
+from labkit.engine.startup import place, start_beside
 from labkit.models.families import model_dir_for
 from labkit.models.fp8 import master_dir
 from labkit.mtp.rollout import rollout as rollout_rows
@@ -137,21 +137,25 @@ class Workbench:
         spec = placement if isinstance(placement, PlacementSpec) else PlacementSpec(mode=placement)
         bar = tqdm(total=3, desc="start", unit="part", disable=not progress, postfix="ray",
                    bar_format="{desc}: {n}/{total} [{elapsed}{postfix}]")
-        runtime.init()
+        gpus = runtime.init()["gpus"]
         bar.update()
-        bar.set_postfix_str("trainer")
+        bar.set_postfix_str("trainer + engine")
         self.placement = place(spec, self.parallel.world_size)
         trainer_dir, quantized = master_dir(self.model_dir)  # an FP8 engine: the trainer holds the bf16 original
-        self.trainer = Trainer(trainer_dir, self.parallel, train_cfg, placement=self.placement)
-        bar.update()
-        bar.set_postfix_str("engine")
         # float32 so syncs compare bitwise; FP8 serves with bf16 activations (its weights still compare bitwise)
         cfg = engine_cfg or EngineConfig(model_dir=self.model_dir, dtype="bfloat16" if quantized else "float32",
                                          max_total_tokens=4096, mem_fraction_static=0.05)
         if engine_url:
             cfg = replace(cfg, url=engine_url)
-        # Every engine that started is kept, so that close() stops it even when another one failed.
-        start_engines(cfg, self.placement, spec.engines, started=self.engines)
+
+        def start_trainer():
+            self.trainer = Trainer(trainer_dir, self.parallel, train_cfg, placement=self.placement)
+            bar.update()
+
+        # Side by side unless they share a GPU; every engine that started is kept, so that close() stops it even
+        # when the trainer or another engine failed.
+        shared_gpu = spec.mode == "colocated" and gpus > 0 and not engine_url
+        start_beside(start_trainer, cfg, self.placement, spec.engines, self.engines, overlap=not shared_gpu)
         self.engine = self.engines[0]
         if spec.engines > 1:  # synced together: one broadcast, each verified, a failed one fenced
             from labkit.sync.fanout import Replicas  # crosses torch (the guard's host copy)

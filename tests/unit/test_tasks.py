@@ -116,7 +116,7 @@ def test_a_workbench_whose_engine_fails_to_start_stops_what_it_started(monkeypat
 
     from labkit.engine import startup
 
-    monkeypatch.setattr(core.runtime, "init", lambda: None)
+    monkeypatch.setattr(core.runtime, "init", lambda: {"gpus": 0})
     monkeypatch.setattr(core, "place", lambda *a, **k: Started("placement"))
     monkeypatch.setattr(core, "Trainer", lambda *a, **k: Started("trainer"))
     monkeypatch.setattr(startup.EngineHandle, "start", no_engine)

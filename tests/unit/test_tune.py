@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from labkit.sync.tune import MB, autotune, candidates, sweep
+from labkit.lab.bench.tune import MB, autotune, candidates, sweep
 
 
 def _u_curve(opt_mb: float, noise: float, rng: random.Random):
@@ -81,7 +81,7 @@ def test_the_bench_rotates_its_transports_and_the_tuned_time_excludes_only_verif
 
 
 def test_pick_vs_best_reads_both_from_one_pass():
-    from labkit.sync import tune as tn
+    from labkit.lab.bench import tune as tn
 
     curve = [{"bucket_bytes": 1 << k, "seconds": s} for k, s in zip(range(20, 24), (0.4, 0.2, 0.11, 0.1))]
     assert tn.pick_vs_best(curve, 1 << 23) == 1.0

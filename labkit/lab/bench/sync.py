@@ -24,7 +24,7 @@ from labkit.lab.bench import reference
 from labkit.lab.bench.sync_summary import summary, transport_seconds
 from labkit.models.families import model_dir_for
 from labkit.models.tiny import BENCH_SPEC, QUICK_SPEC, make_tiny_mimo  # noqa: F401 (the CLI's names)
-from labkit.sync import tune as tn
+from labkit.lab.bench import tune as tn
 from labkit.sync.config import MB, SyncConfig
 from labkit.workbench.core import Workbench
 
@@ -51,7 +51,7 @@ def rotated(items: tuple, k: int) -> tuple:
 
 def sync_measure(wb, transport: str = "colocated", repeats: int = 2, warmup: bool = True,
                  memory_budget_mb: float | None = None, keep: list | None = None):
-    """`measure(bucket_bytes) -> {"seconds", "metric", "peak_extra_bytes"}` for `labkit.sync.tune`, from real syncs.
+    """`measure(bucket_bytes) -> {"seconds", "metric", "peak_extra_bytes"}` for `labkit.lab.bench.tune`, by real syncs.
 
     The one measure both tuners use (`labkit tune` and notebook 04): two tuners reading different quantities
     pick different sizes for the same model. "seconds" is the best of `repeats` syncs' transport-only time

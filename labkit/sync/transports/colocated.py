@@ -21,28 +21,27 @@ def loader_is_labkit(engine_loader: str) -> bool:
 
 
 class Colocated:
-    """transport="colocated": one flat buffer per bucket in shared memory (a CUDA IPC handle on GPU); only a
-    handle to it crosses to the engine.
+    """transport="colocated": one flat buffer per bucket in shared memory (a CUDA IPC handle on GPU); only a handle to
+    it crosses to the engine.
 
     Flow:
-    1. open: ask the engine its TP size and whether it accepts labkit's loader (`labkit.engine.inside.apply`, listed
-       at launch by labkit's engines; `SyncConfig.engine_loader`: on GPU only with "labkit", never with "sglang");
+    1. open: ask the engine its TP size and whether it accepts labkit's loader (`labkit.engine.inside.apply`, listed at
+       launch by labkit's engines; `SyncConfig.engine_loader`: on GPU only with "labkit", never with "sglang");
     2. send, per bucket: serialize a handle to the flat buffer ->
-       - labkit's loader: `[(layout_key, flat)]`, load_format=APPLY_FORMAT: the engine keeps the buffer mapped
-         for the rest of the sync and copies each tensor into its parameter slice by a plan compiled once;
-       - otherwise SGLang's `flattened_bucket` (`FlattenedTensorMetadata` list): the engine maps the segment
-         afresh and runs `model.load_weights` over the views;
-       `engine.update_weights_from_tensor([payload] * tp, ..., flush_cache=False)`: each engine TP rank opens the
-       same handle; the call returns once every rank loaded it. With labkit's loader at TP=1 the payloads go
-       over the sync's ring instead (labkit.sync.transports.ring): one engine call, opened by the first bucket
-       and open for the whole sync, each payload sent over a local socket, no call per bucket;
-    3. close: read which path applied the tensors (`apply_path`); the engine lets go of the buffers (they are
-       the syncer's, reused next sync).
-    Under the atomic guard (labkit's loader, no delta) the syncer packs each bucket straight into the guard's
-    staging file (`files`, labkit.sync.lastgood) instead of a shared bucket: the payload then names that file
-    and the bucket's offset (labkit.engine.inside.colocated), the engine keeps the file mapped, and the rollback copy
-    costs no copy of its own.
-    With `delta` (labkit.sync.delta), step 2 first encodes the bucket against the copy of what the engine holds
+       - labkit's loader: `[(layout_key, flat)]`, load_format=APPLY_FORMAT: the engine keeps the buffer mapped for the
+         rest of the sync and copies each tensor into its parameter slice by a plan compiled once;
+       - otherwise SGLang's `flattened_bucket` (`FlattenedTensorMetadata` list): the engine maps the segment afresh and
+         runs `model.load_weights` over the views;
+       `engine.update_weights_from_tensor([payload] * tp, ..., flush_cache=False)`: each engine TP rank opens the same
+       handle; the call returns once every rank loaded it. With labkit's loader at TP=1 the payloads go over the sync's
+       ring instead (labkit.sync.transports.ring): one engine call, opened by the first bucket and open for the whole
+       sync, each payload sent over a local socket, no call per bucket;
+    3. close: read which path applied the tensors (`apply_path`); the engine lets go of the buffers (they are the
+       syncer's, reused next sync).
+    Under the atomic guard (labkit's loader, no delta) the syncer packs each bucket straight into the guard's staging
+    file (`files`, labkit.sync.lastgood) instead of a shared bucket: the payload then names that file and the bucket's
+    offset (labkit.engine.inside.colocated), the engine keeps the file mapped, and the rollback copy costs no copy of
+    its own. With `delta` (labkit.sync.delta), step 2 first encodes the bucket against the copy of what the engine holds
     and sends the change mask and changed words instead (labkit's loader only).
     """
 
@@ -64,9 +63,7 @@ class Colocated:
     def open(self, engine, plan) -> None:
         self.serializer = ipc.Serializer  # SGLang's payload format, written by labkit (device UUIDs on GPU)
         self.engine_tp = engine.tp_size
-        # SyncConfig.engine_loader: on a GPU SGLang's own format unless "labkit" (the kept CUDA-IPC mapping and copy
-        # plan: `labkit bench device` runs it on a GPU); "sglang" is SGLang's stock path anywhere (the bench's peer).
-        labkit = loader_is_labkit(self.engine_loader)
+        labkit = loader_is_labkit(self.engine_loader)  # SyncConfig.engine_loader says why a GPU defaults to SGLang's
         self.fmt = APPLY_FORMAT if labkit and engine.accepts(APPLY_FORMAT) else "flattened_bucket"
         if self.fmt == "flattened_bucket":  # SGLang's format is SGLang's: crossed here only, timed as setup
             from sglang.srt.weight_sync import tensor_bucket  # noqa: F401  (bk.metadata's import, warmed here)

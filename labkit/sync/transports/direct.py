@@ -12,33 +12,31 @@ from labkit import failpoints as fp
 from labkit.engine.inside import direct as engine_side
 from labkit.engine import ipc
 from labkit.engine.config import APPLY_FORMAT
-from labkit.engine.contract import call_group
 from labkit.engine.errors import Unsupported
 from labkit.sync import bucket as bk
 from labkit.sync.plan import Bucket, Plan
+from labkit.sync.transports.per_tensor import send_per_call
 
 SHM = Path("/dev/shm")
 
 
 class Direct:
-    """transport="direct": no flat buffer and no engine-side apply; each exported tensor is copied (cast to the
-    engine dtype on the way) straight into its slice of the engine's parameter (labkit.engine.inside.direct).
+    """transport="direct": no flat buffer and no engine-side apply; each exported tensor is copied (cast to the engine
+    dtype on the way) straight into its slice of the engine's parameter (labkit.engine.inside.direct).
 
     Flow:
     1. open: refuse anything but a CPU engine at TP=1 with labkit's loader, before a byte moves;
-    2. the first send asks the engine to share the parameters holding the plan's tensors
-       (`EngineHandle.share_params`: it moves their storages into shared-memory files in place, once, and
-       answers file, offset, dtype, shape per tensor; a model that cannot is refused there, still before a
-       byte moves); a later sync asks only whether that answer still holds (`shared_still`, one round trip);
-       each file is mapped once (`Mappings`, kept across syncs; a file the engine no longer names,
-       e.g. after a restart, is let go) and a typed view built per tensor. Then, per bucket (on the syncer's
-       worker thread, so the next bucket gathers meanwhile): `view.copy_` for each shared tensor (a strided
-       view where the engine padded the block); the others (a tied lm_head) in one `update_weights_from_tensor`
-       call per call group, through SGLang's `load_weights`;
-    3. close: one call naming the tensors written (`DONE_PREFIX`), so the model re-derives what it computes
-       from its weights at load; `apply_path` is "direct", or "mixed" when some went through the loader.
-    Memory: no buffers at all (the engine's parameters are the receive side); one cast copy per fallback tensor.
-    """
+    2. the first send asks the engine to share the parameters holding the plan's tensors (`EngineHandle.share_params`:
+       it moves their storages into shared-memory files in place, once, and answers file, offset, dtype, shape per
+       tensor; a model that cannot is refused there, still before a byte moves); a later sync asks only whether that
+       answer still holds (`shared_still`, one round trip); each file is mapped once (`Mappings`, kept across syncs; a
+       file the engine no longer names, e.g. after a restart, is let go) and a typed view built per tensor. Then, per
+       bucket (on the syncer's worker thread, so the next bucket gathers meanwhile): `view.copy_` for each shared tensor
+       (a strided view where the engine padded the block); the others (a tied lm_head) in one
+       `update_weights_from_tensor` call per call group, through SGLang's `load_weights`;
+    3. close: one call naming the tensors written (`DONE_PREFIX`), so the model re-derives what it computes from its
+       weights at load; `apply_path` is "direct", or "mixed" when some went through the loader.
+    Memory: no buffers at all (the engine's parameters are the receive side); one cast copy per fallback tensor."""
 
     name = "direct"
     flattened = False
@@ -63,10 +61,9 @@ class Direct:
         self.serializer, self.names = ipc.Serializer, [t.name for t in plan.tensors]
 
     def _handshake(self, engine) -> float:
-        """The engine's share answer, checked on every sync (a restarted engine, a re-created parameter answer
-        other files) and charged to "transfer" (what each sync pays, not one-off setup): the answer kept from an
-        earlier sync of the same plan is reused while the engine says its token still holds (one round trip),
-        else asked in full."""
+        """The engine's share answer, checked on every sync (a restarted engine, a re-created parameter answer other
+        files) and charged to "transfer" (what each sync pays, not one-off setup): the answer kept from an earlier sync
+        of the same plan is reused while the engine says its token still holds (one round trip), else asked in full."""
         t0 = time.perf_counter()
         kept = self.maps.kept(self.names)
         if kept is not None and engine.shared_still(kept):
@@ -83,21 +80,19 @@ class Direct:
         handshake = self._handshake(engine) if self.views is None else 0.0
         t0 = time.perf_counter()
         fp.hit("transport.send", flat=None)
-        rest: dict[str, list] = {}
+        rest = []  # not shared by the engine (a tied lm_head): through SGLang's load_weights
         for meta in b.tensors:
             t, view = tensors[meta.name].detach(), self.views.get(meta.name)
             if view is None:
-                rest.setdefault(call_group(meta.name), []).append(
-                    (meta.name, t.to("cpu", bk.torch_dtype(meta.dtype), copy=True).contiguous()))
+                rest.append(meta)
                 continue
             if tuple(t.shape) != tuple(view.shape) or str(view.dtype) != f"torch.{meta.dtype}":
                 raise ValueError(f"{meta.name}: the engine holds {tuple(view.shape)} {view.dtype}, the plan sends "
                                  f"{tuple(t.shape)} {meta.dtype}")
             view.copy_(t)
             self.written.append(meta.name)
-        for named in rest.values():
-            engine.update_weights_from_tensor(named, flush_cache=False)
-            self.fallback += len(named)
+        send_per_call(engine, rest, tensors)
+        self.fallback += len(rest)
         return {"load": time.perf_counter() - t0, "transfer": handshake}
 
     def close(self, engine) -> None:
@@ -126,27 +121,24 @@ class Mappings:
     def views(self, entries: list[list], token: str | None = None, names=()) -> dict[str, torch.Tensor]:
         """{HF name: typed (possibly strided) view into the engine's parameter} for the engine's share answer
         (`token`: what the engine names that answer by, for `kept`)."""
-        if entries == self.answer:
-            self.token = (token, tuple(names)) if token else None
-            return self.built
-        self.close(keep={e[1] for e in entries})
-        out = {}
-        for name, file, size, offset, dtype, shape, strides in entries:
-            whole = self.files.get(file)
-            if whole is None:
-                path = SHM / file.lstrip("/")
-                whole = self.files[file] = torch.from_file(str(path), shared=True, size=os.path.getsize(path),
-                                                           dtype=torch.uint8)
-            dt = bk.torch_dtype(dtype)
-            start = whole.numel() - size + offset  # torch's refcount header precedes the storage's bytes
-            if start % dt.itemsize or start + _extent(shape, strides) * dt.itemsize > whole.numel():
-                raise ValueError(f"{name}: the engine's share answer ({offset=}, {shape=}, {strides=}) does not fit "
-                                 f"its file {file} of {size} bytes")
-            view = torch.empty(0, dtype=dt)
-            out[name] = view.set_(whole.untyped_storage(), start // dt.itemsize, shape, strides)
-        self.answer, self.built = entries, out
+        if entries != self.answer:
+            self.close(keep={e[1] for e in entries})
+            out = {}
+            for name, file, size, offset, dtype, shape, strides in entries:
+                whole = self.files.get(file)
+                if whole is None:
+                    path = SHM / file.lstrip("/")
+                    whole = self.files[file] = torch.from_file(str(path), shared=True, size=os.path.getsize(path),
+                                                               dtype=torch.uint8)
+                dt = bk.torch_dtype(dtype)
+                start = whole.numel() - size + offset  # torch's refcount header precedes the storage's bytes
+                if start % dt.itemsize or start + _extent(shape, strides) * dt.itemsize > whole.numel():
+                    raise ValueError(f"{name}: the engine's share answer ({offset=}, {shape=}, {strides=}) does not "
+                                     f"fit its file {file} of {size} bytes")
+                out[name] = torch.empty(0, dtype=dt).set_(whole.untyped_storage(), start // dt.itemsize, shape, strides)
+            self.answer, self.built = entries, out
         self.token = (token, tuple(names)) if token else None  # only once every view is built
-        return out
+        return self.built
 
     def close(self, keep: set[str] = frozenset()) -> None:
         """Let go of every mapping not in `keep`, and remove the files whose engine is gone (nobody else will:

@@ -1,9 +1,8 @@
 """The trainer joins the engine's weight-update group and broadcasts each flat buffer into it.
 
-The rendezvous port is bound by the trainer *before* the engine is told about it, so a port taken by someone
-else is a retry with another port, never an engine connecting to a stranger (or waiting for a store that
-will never come up). The group (rendezvous, store, every broadcast) carries `timeout_s`, and so does every
-engine call made here.
+The rendezvous port is bound by the trainer *before* the engine is told about it, so a port taken by someone else is a
+retry with another port, never an engine connecting to a stranger (or waiting for a store that will never come up). The
+group (rendezvous, store, every broadcast) carries `timeout_s`, and so does every engine call made here.
 """
 
 from __future__ import annotations
@@ -71,10 +70,8 @@ class Distributed:
 
     Into labkit's copy plan (unless SyncConfig.engine_loader="sglang"): where the engine's model routes labkit payloads
     (`engine.routes_flat()`: labkit's models on a CPU engine), the bucket is announced as one uint8 tensor named by its
-    layout; SGLang receives it whole and hands it to the model's `load_weights`, which passes it to
-    labkit.engine.inside.apply (no per-tensor loop). With `delta` that one tensor is the delta payload
-    (labkit.sync.delta).
-    """
+    layout (with `delta`, the delta payload: labkit.sync.delta); SGLang receives it whole and hands it to the model's
+    `load_weights`, which passes it to labkit.engine.inside.apply (no per-tensor loop)."""
 
     name = "distributed"
     flattened = True
@@ -82,9 +79,8 @@ class Distributed:
 
     def __init__(self, group_name: str = "labkit_weight_update", timeout_s: float = 120.0, delta=None,
                  engine_loader: str = "auto"):
-        self.group_name, self.timeout_s, self.pg, self.delta = group_name, timeout_s, None, delta
-        self.engine_loader = engine_loader
-        self.port_retries, self.flat, self.apply_path = 0, False, "load_weights"
+        self.group_name, self.timeout_s, self.delta, self.engine_loader = group_name, timeout_s, delta, engine_loader
+        self.pg, self.port_retries, self.flat, self.apply_path = None, 0, False, "load_weights"
         self.landed = True  # every send so far returned: the engine is not stuck in a receive
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="labkit-engine")
 

@@ -27,23 +27,20 @@ class Ring:
 
     Flow:
     1. start: listen on `labkit_ring_pid-<pid namespace>.<pid>-*/ring.sock` (`pids.owner_tag`: a fresh private
-       directory; those of dead trainers are removed first, `sweep_dead`), send the call (on its own
-       thread: it returns when the sync's last bucket is applied) naming the socket and the bucket count, wait
-       for the engine to connect;
-    2. send, per bucket: the payload its own call would have carried (serialized bytes), then wait for the
-       engine's byte that says it is applied (the bucket's buffer is free again);
-    3. finish: take the call's answer. Or abort, after a failure: close the socket (the engine ends its call at
-       once, without an error: labkit.engine.inside.ring says why), give the call a few seconds to answer, never
-       raising.
-    A wait past `timeout_s` raises EngineUnreachable, as a per-bucket call past its timeout does; a closed
-    stream raises the engine's own error when its call carried one.
+       directory; those of dead trainers are removed first, `sweep_dead`), send the call (on its own thread: it returns
+       when the sync's last bucket is applied) naming the socket and the bucket count, wait for the engine to connect;
+    2. send, per bucket: the payload its own call would have carried (serialized bytes), then wait for the engine's byte
+       that says it is applied (the bucket's buffer is free again);
+    3. finish: take the call's answer. Or abort, after a failure: close the socket (the engine ends its call at once,
+       without an error: labkit.engine.inside.ring says why), give the call a few seconds to answer, never raising.
+    A wait past `timeout_s` raises EngineUnreachable, as a per-bucket call past its timeout does; a closed stream raises
+    the engine's own error when its call carried one.
     """
 
     def __init__(self, engine, serializer, buckets: int, timeout_s: float):
         self.timeout_s, self.buckets, self.acked = timeout_s, buckets, 0
         sweep_dead()
-        # 0700: only this user connects
-        self.dir = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{pids.owner_tag()}-"))
+        self.dir = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{pids.owner_tag()}-"))  # 0700: only this user connects
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.conn: socket.socket | None = None
         self.call: Future | None = None
@@ -79,8 +76,7 @@ class Ring:
     def send(self, payload: bytes) -> float:
         """Send one bucket's serialized payload and wait until the engine applied it. Returns the seconds spent
         sending; the rest of the wait is the engine's apply."""
-        t0 = time.perf_counter()
-        err = None
+        t0, err = time.perf_counter(), None
         try:
             ring.send_bucket(self.conn, payload)
             sent = time.perf_counter() - t0
@@ -97,11 +93,9 @@ class Ring:
 
     def _raise_engine_error(self, err: BaseException | None) -> None:
         try:
-            self.call.result(timeout=ABORT_WAIT_S)  # the engine closed the stream: its call says why
+            self.call.result(timeout=ABORT_WAIT_S)  # the engine closed the stream: its call's error says why
         except TimeoutError:
             pass
-        except EngineError:
-            raise
         raise EngineError(f"labkit ring: the engine stopped after {self.acked} of {self.buckets} buckets"
                           + (f" ({err})" if err else ""))
 
