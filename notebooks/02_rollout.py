@@ -26,6 +26,7 @@ MAX_NEW_TOKENS = 6
 STEPS = 3  # training steps between the two rollout batches
 TRANSPORT = "colocated"  # per-tensor | colocated | distributed
 BUCKET_MB = 1.0
+PROBE = 8  # tokens per probe prompt: the sync checks the engine's behaviour against the trainer's (0: off)
 SEED = 0
 INTERACTIVE = False
 
@@ -35,7 +36,7 @@ from labkit.sync.config import SyncConfig
 nb.check_params(globals(), {
     "N_PROMPTS": nb.Int(1, 512), "TEMPERATURE": nb.Float(0.0, 2.0), "MAX_NEW_TOKENS": nb.Int(1, 64),
     "STEPS": nb.Int(1, 200), "TRANSPORT": nb.Choice.of(SyncConfig, "transport"),
-    "BUCKET_MB": nb.Float(0.001, 1024), "SEED": nb.Int(0), "INTERACTIVE": nb.Bool()});
+    "BUCKET_MB": nb.Float(0.001, 1024), "PROBE": nb.Int(0, 256), "SEED": nb.Int(0), "INTERACTIVE": nb.Bool()});
 
 # %%
 import pandas as pd
@@ -67,8 +68,9 @@ stale = ex.logprob_agreement(wb, before.samples)
 nb.record("rollout/logprob_max_abs_diff_stale", stale["max_abs_diff"])
 
 # %%
-m = wb.sync(SyncConfig(transport=TRANSPORT, bucket_mb=BUCKET_MB))
-nb.record({k: m[k] for k in ("sync/verified", "sync/weight_version", "timing/sync/total")})
+m = wb.sync(SyncConfig(transport=TRANSPORT, bucket_mb=BUCKET_MB, probe=PROBE))
+nb.record({k: m.get(k) for k in ("sync/verified", "sync/weight_version", "timing/sync/total", "sync/probe_kl",
+                                  "sync/probe_max_abs_logprob_diff")})  # the probe's keys: None with PROBE = 0
 
 # %%
 after = wb.rollout(N_PROMPTS, temperature=TEMPERATURE, seed=SEED, max_new_tokens=MAX_NEW_TOKENS)

@@ -47,6 +47,9 @@ class RLConfig:
     """Linear lr warmup steps: Adam's first steps are sign steps of size lr on every noisy coordinate."""
     train: TrainConfig = field(default_factory=rl_train_config)
     """The trainer's lr and MTP-loss settings (`rl_train_config()`: lr 2e-4, MTP loss 1.0 detached, 5x MTP lr)."""
+    probe: int = 0
+    """Each step's sync checks the engine's behaviour against the trainer's (SyncConfig.probe: tokens sampled per
+    probe prompt; the step's row gets `sync/probe_kl`, the field's KL-per-refit check); 0: off."""
 
     def __post_init__(self) -> None:
         check(isinstance(self.warmup, int) and self.warmup >= 0, "warmup", self.warmup, "an integer >= 0")
@@ -54,6 +57,8 @@ class RLConfig:
             v = getattr(self, f)
             check(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f, v, "an integer >= 1")
         check(self.group >= 2, "group", self.group, "an integer >= 2 (advantages are normalised within a group)")
+        check(isinstance(self.probe, int) and not isinstance(self.probe, bool) and self.probe >= 0, "probe",
+              self.probe, "0 (off) or the tokens to sample per probe prompt")
         check(isinstance(self.temperature, (int, float)) and self.temperature > 0, "temperature", self.temperature,
               "> 0 (RL samples; greedy groups carry no signal)")
         check(isinstance(self.train, TrainConfig), "train", self.train, "a TrainConfig")
@@ -209,8 +214,9 @@ def step(trainer, engine, problems, cfg: RLConfig, *, step_index: int = 0, eval_
     t = trainer.train_step(tokens, mask, weights=adv, mtp_only=mtp_only)
     m.update({k: t[k] for k in ("train/loss", "mtp/loss", "mtp/kl", "train/grad_norm") if k in t})
 
-    s = sync(trainer, engine, sync_cfg or SyncConfig(progress=False), exclude=exclude)
+    s = sync(trainer, engine, sync_cfg or SyncConfig(progress=False, probe=cfg.probe), exclude=exclude)
     m.update({"sync/verified": s.get("sync/verified"), "sync/weight_version": s.get("sync/weight_version"),
               "timing/sync/total": s.get("timing/sync/total")})
+    m.update({k: v for k, v in s.items() if k.startswith("sync/probe_")})  # the sync's probe, when it ran one
     return m
 

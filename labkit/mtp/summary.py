@@ -162,4 +162,7 @@ def summarize(history: list[dict], arms: Sequence[str], seeds: Sequence[int], ev
     out.update(rollouts_identical(history, arms, seeds))
     out.update(unsynced_engine_draft(history))
     out.update(entropy_split(history, arms))
+    probed = [r["sync/probe_kl"] for r in history if "sync/probe_kl" in r]
+    if probed:  # RLConfig.probe: the behaviour probe after every sync, its worst reading and how many there were
+        out.update({"sync/probe_kl_max": max(probed), "sync/probe_syncs": len(probed)})
     return out

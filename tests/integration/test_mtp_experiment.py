@@ -16,7 +16,7 @@ ARMS = ("frozen", "trained", "unsynced")
 
 @pytest.fixture(scope="module")
 def quick():
-    rc, out, err = _labkit("mtp-experiment", "--quick", "--pre-rl-steps", "1", "--json", timeout=900)
+    rc, out, err = _labkit("mtp-experiment", "--quick", "--pre-rl-steps", "1", "--probe", "4", "--json", timeout=900)
     assert rc == 0, err[-3000:]
     return json.loads(out[-1])
 
@@ -34,6 +34,13 @@ def test_json_has_every_arm_and_headline_key(quick):
             assert 0.0 <= quick[f"mtp/{k}_{arm}"] <= 1.0
     for k in ("mtp/start_accept_rate", "mtp/offline_vs_measured_rel_err"):
         assert math.isfinite(quick[k]) and quick[k] >= 0.0
+
+
+def test_every_sync_of_the_rl_loop_passed_the_behaviour_probe(quick):
+    # --probe 4: each step's sync is checked in behaviour (labkit.sync.probe); an fp32 engine and trainer agree to
+    # rounding, and a sync whose probe failed would have stopped the run (the guard raises SyncFailed)
+    assert quick["sync/probe_syncs"] == 3 * 2  # three arms, two training steps each
+    assert 0.0 <= quick["sync/probe_kl_max"] < 1e-4
 
 
 def test_every_arm_starts_from_the_same_measurement(quick):

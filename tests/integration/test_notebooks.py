@@ -58,6 +58,8 @@ def test_02_rollout_logprobs_agree_after_sync(out_root):
     # across a weight update unless the cache is flushed, and the char-level prompts share prefixes.
     assert m["rollout/logprob_max_abs_diff_synced"] < 1e-3, "engine serves stale prefix KV after the sync"
     assert m["rollout/logprob_max_abs_diff_stale"] > 10 * m["rollout/logprob_max_abs_diff_synced"]
+    # the sync's behaviour probe (PROBE = 8 by default): an fp32 engine computes what the fp32 trainer does
+    assert 0.0 <= m["sync/probe_kl"] < 1e-4 and m["sync/probe_max_abs_logprob_diff"] < 1e-3
     d, nb = _outputs(m, "02_rollout")
     assert _has_plotly(nb) and (d / "logprob_agreement.html").exists()
 

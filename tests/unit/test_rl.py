@@ -41,7 +41,8 @@ def test_policy_loss_is_normalised_by_tokens_not_by_the_advantage_sum():
 
 
 @pytest.mark.parametrize("bad, match", [(dict(group=1), "group=1"), (dict(temperature=0.0), "temperature=0.0"),
-                                        (dict(prompts=0), "prompts=0"),
+                                        (dict(prompts=0), "prompts=0"), (dict(probe=-1), "probe=-1"),
+                                        (dict(probe=True), "probe=True"),
                                         (dict(train=TrainConfig(mtp_detach=False)), "train.mtp_detach=False")])
 def test_rl_config_names_the_bad_value(bad, match):
     with pytest.raises(ValueError, match=match):
