@@ -18,6 +18,9 @@ lookup. The points (in the order a sync reaches them):
     engine.apply     inside the engine's apply (SGLang's scheduler process, labkit's model `load_weights`),
                      before the nth tensor whose name contains `match` (e.g. ".k_proj.": q of that fused
                      group is written, k and v are not)
+    engine.derive    inside the engine, after a bucket was copied in, before the model re-derives what it
+                     computes from its weights at load (`labkit_after_apply`: DeepSeek's w_kc/w_vc from kv_b_proj);
+                     `skip` leaves those copies stale while the bytes verify (what the behaviour probe catches)
 
 Actions: `raise` (an exception, as a bug would), `hang` (stop, alive, until released or `limit_s`: a stuck
 peer), `wait` (write `marker`, then block until the driver deletes `gate`: the driver kills a process at an
@@ -27,8 +30,8 @@ took the port we were about to use), `corrupt` (flip one byte of ctx's `flat`: d
 would). Whatever the action, a point armed with a `marker` writes it as it fires: `labkit faults` counts a trial
 only when its marker shows the fault happened.
 
-`engine.apply` fires in a process labkit does not start itself (SGLang's scheduler, a child of the engine
-actor or server). Armed there by `arm_in_actor(engine_actor, "engine.apply", ...)`, it is written to a file
+The engine points fire in a process labkit does not start itself (SGLang's scheduler, a child of the engine
+actor or server). Armed there by `arm_in_actor(engine_actor, "engine.apply", ...)`, a point is written to a file
 named after the arming process, which the scheduler (its child) reads once per update call: unarmed, one
 `stat` per call.
 """
@@ -45,9 +48,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 POINTS = ("sync.begin", "sync.bucket", "sync.end", "sync.version", "bucket.pack", "transport.open", "transport.peer",
-          "transport.send", "engine.apply")
+          "transport.send", "engine.apply", "engine.derive")
 ACTIONS = ("raise", "hang", "wait", "squat", "corrupt", "skip", "crash")
-ENGINE_POINTS = ("engine.apply",)
+ENGINE_POINTS = ("engine.apply", "engine.derive")
 ARM_DIR = Path(tempfile.gettempdir()) / "labkit-failpoints"
 
 

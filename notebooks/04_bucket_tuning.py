@@ -57,8 +57,9 @@ if MIN_MB > MAX_MB:
 
 # %%
 from labkit.lab.bench import sync as bench
+from labkit.lab.bench import tune
 from labkit.workbench import viz
-from labkit.sync import SyncConfig, tune
+from labkit.sync import SyncConfig
 from labkit.workbench import Workbench
 
 MB = 2**20

@@ -40,6 +40,9 @@ from labkit.models.hf import checkpoint_tensors
 
 Shape = tuple[int, ...]
 CAP = 10  # problems named in one message; the rest are counted
+# SGLang holds DeepSeek's router bias in float32 whatever the serving dtype (`models/deepseek_v2.py:519-520`: a bf16
+# bias reorders top-k routing); a bf16 engine's contract that said bf16 would refuse its own checkpoint's bias.
+FLOAT32_HELD = (".e_score_correction_bias",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,14 +224,20 @@ class Contract:
     def from_model_dir(cls, model_dir: str | Path, dtype: str = "auto") -> Contract:
         """Names and shapes from the checkpoint headers (the HF names SGLang's loader accepts); every tensor
         expected in the serving dtype (`auto`: config.json's torch_dtype, as SGLang reads it), except in a
-        block-FP8 checkpoint, whose fp8 weights and float32 scales are held as the headers say."""
+        block-FP8 checkpoint, whose fp8 weights and float32 scales are held as the headers say, and the tensors
+        SGLang holds in float32 whatever the serving dtype (`FLOAT32_HELD`)."""
         config = json.loads((Path(model_dir) / "config.json").read_text())
         if dtype == "auto":
             dtype = config.get("torch_dtype", "bfloat16")
         quant = recipe_of(config)
-        held = (lambda n, d: quant is not None and (d == E4M3 or n.endswith(SCALE_SUFFIX)))
-        return cls({n: (tuple(shape), d if held(n, d) else dtype)
-                    for n, (shape, d) in checkpoint_tensors(model_dir).items()}, dtype, quant=quant)
+
+        def held(n: str, d: str) -> str:
+            if quant is not None and (d == E4M3 or n.endswith(SCALE_SUFFIX)):
+                return d
+            return "float32" if n.endswith(FLOAT32_HELD) else dtype
+
+        return cls({n: (tuple(shape), held(n, d)) for n, (shape, d) in checkpoint_tensors(model_dir).items()},
+                   dtype, quant=quant)
 
     @classmethod
     def find(cls, model_dir: str, dtype: str = "auto") -> Contract | None:

@@ -98,10 +98,15 @@ FAMILY_SIZES: dict[str, tuple[str, FamilySpec]] = {
     "qwen3-fp8": ("qwen3", FamilySpec(hidden=128, heads=2, kv_heads=1, head_dim=128, ffn=256)),
     "qwen3-moe-fp8": ("qwen3-moe", FamilySpec(hidden=128, heads=2, kv_heads=1, head_dim=128, ffn=128, experts=4,
                                               moe_ffn=128)),
+    # MLA: q_lora_rank a multiple of 128, so the fused a-pair's scale rows split where its weight rows do; kv_a
+    # (kv_lora + rope = 192 rows) ends in a partial block, as DeepSeek-V3's own (576 rows) does.
+    "deepseek-v3-fp8": ("deepseek-v3", FamilySpec(hidden=128, heads=2, head_dim=128, ffn=128, experts=4,
+                                                  moe_ffn=128, dense_layers=1, q_lora=128, kv_lora=128,
+                                                  rope_head_dim=64)),
 }
 # Presets written as a block-FP8 checkpoint (the engine's model dir) with their unquantized original in MASTER
 # beside it, the weights a trainer holds: a bf16 trainer syncing into an FP8 engine.
-FP8_PRESETS = ("qwen3-fp8", "qwen3-moe-fp8")
+FP8_PRESETS = ("qwen3-fp8", "qwen3-moe-fp8", "deepseek-v3-fp8")
 
 
 def _preset(name: str) -> tuple[str, FamilySpec]:

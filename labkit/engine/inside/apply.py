@@ -151,8 +151,11 @@ def _after_apply(model, names: list[str]) -> None:
     """A model whose forward reads copies derived at load (DeepSeek's w_kc/w_vc from kv_b_proj) re-derives them
     from what the plan copied (`labkit_after_apply`); SGLang's own `load_weights` does that itself."""
     after = getattr(model, "labkit_after_apply", None)
-    if after is not None and names:
-        after(names)
+    if after is None or not names:
+        return
+    if fp.engine_armed("engine.derive") and fp.hit("engine.derive"):  # `skip`: the derived copies stay stale
+        return
+    after(names)
 
 
 def _apply_delta(model, key: str, payload: torch.Tensor) -> None:

@@ -10,7 +10,13 @@ torch-native FP8 path, so this layer is one, switched on where CUDA is absent an
   checksums read are the checkpoint's bytes, no repacked copy;
 - `apply` dequantizes blockwise (labkit.models.fp8.dequantize, fp32, then the activation dtype) and calls
   `F.linear`; the MoE layer dequantizes its stacked `w13_weight` / `w2_weight` and runs SGLang's own
-  `moe_forward_native`.
+  `moe_forward_native`;
+- DeepSeek's absorbed MLA derives `w_kc` / `w_vc` from `kv_b_proj` after load. For 128 x 128 blocks on CUDA and
+  XPU SGLang dequantizes them blockwise to bf16, or keeps the blocks for DeepGEMM's bmm
+  (`models/deepseek_common/deepseek_weight_loader.py:690-708`); elsewhere it requantizes them per tensor
+  (`:709-713`, `block_quant_to_tensor_quant`), a second rounding no GPU engine makes, and greedy output parts
+  from that of the bf16 dequantization (tests/integration/test_fp8.py). Here the derivation takes the GPU's
+  bf16 branch.
 
 No dequantized copy is cached: labkit's copy plan writes the parameters in place without SGLang's post-load
 step, so a cache would serve the weights of the sync before (NeMo-RL #3739, derived weights never refreshed).
@@ -49,6 +55,7 @@ def apply() -> bool:
 
     _patch_linear(f.Fp8LinearMethod)
     _patch_moe(f.Fp8MoEMethod)
+    _patch_mla_derivation()
     _applied = True
     return True
 
@@ -103,3 +110,16 @@ def _patch_moe(cls) -> None:
 
     cls.process_weights_after_loading_block_quant = process_weights_after_loading_block_quant
     cls.apply = apply
+
+
+def _patch_mla_derivation() -> None:
+    import torch
+    from sglang.srt.layers.quantization.fp8_utils import block_quant_dequant
+    from sglang.srt.models.deepseek_common import deepseek_weight_loader as loader
+
+    def dequantized(weight, scale, block):
+        # (weight, per-tensor scale) as the caller expects; a bf16 weight takes the forward's bf16 bmm, which
+        # never reads the scale
+        return block_quant_dequant(weight, scale, block, torch.bfloat16), torch.ones((), dtype=torch.float32)
+
+    loader.block_quant_to_tensor_quant = dequantized

@@ -20,7 +20,7 @@ from sglang.srt.models.deepseek_common import attention_backend_handler as _back
 from sglang.srt.models.deepseek_v2 import DeepseekV3ForCausalLM as _SGLangDeepseekV3
 
 from labkit.engine.contract import fused_part
-from labkit.engine.inside.sglang_models.weights import LabkitWeights
+from labkit.engine.inside.sglang_models.weights import SCALE, LabkitWeights
 
 A_PAIR = "fused_qkv_a_proj_with_mqa.weight"
 
@@ -31,10 +31,12 @@ if not torch.cuda.is_available() and "torch_native" not in _backends.AttentionBa
 class DeepseekV3ForCausalLM(LabkitWeights, _SGLangDeepseekV3):
     def param_view(self, name: str):
         part = fused_part(name)
-        if part is None or not part[0].endswith(A_PAIR):
+        if part is None or not part[0].endswith((A_PAIR, A_PAIR + SCALE)):
             return super().param_view(name)
         weight = self.get_parameter(part[0]).data
         q = self.config.q_lora_rank
+        if part[0].endswith(SCALE):  # block-FP8: a scale row per block of rows (q_lora_rank a multiple of it)
+            q //= self._scale_block()
         return part[0], (weight[:q] if part[1] == 0 else weight[q:])
 
     def labkit_after_apply(self, names: list[str]) -> None:
