@@ -15,7 +15,7 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 
-from labkit.config import TrainConfig, check
+from labkit.config import TrainConfig, check, number
 from labkit.models.tokenizer import PAD
 from labkit.mtp.acceptance import by_entropy, offline_accept_rate, offline_loop_rate
 from labkit.mtp.rollout import rollout
@@ -57,8 +57,8 @@ class RLConfig:
             v = getattr(self, f)
             check(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f, v, "an integer >= 1")
         check(self.group >= 2, "group", self.group, "an integer >= 2 (advantages are normalised within a group)")
-        check(isinstance(self.probe, int) and not isinstance(self.probe, bool) and self.probe >= 0, "probe",
-              self.probe, "0 (off) or the tokens to sample per probe prompt")
+        check(number(self.probe, int) and self.probe >= 0, "probe", self.probe,
+              "0 (off) or the tokens to sample per probe prompt")
         check(isinstance(self.temperature, (int, float)) and self.temperature > 0, "temperature", self.temperature,
               "> 0 (RL samples; greedy groups carry no signal)")
         check(isinstance(self.train, TrainConfig), "train", self.train, "a TrainConfig")
