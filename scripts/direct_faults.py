@@ -12,6 +12,7 @@ import shutil
 import sys
 import tempfile
 
+from labkit import provenance
 from labkit.lab.faults.harness import Harness
 from labkit.lab.faults.plan import FaultsConfig, Trial, counted, half_updated
 
@@ -28,6 +29,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None)
     args = p.parse_args()
+    prov = provenance.collect(config=vars(args))  # the code as the run starts
     workdir, rows = tempfile.mkdtemp(prefix="labkit_faults_"), []
     h = Harness(FaultsConfig(trials=len(TRIALS), progress=False), workdir)
     try:
@@ -35,7 +37,8 @@ def main() -> int:
     finally:
         h.close()
         shutil.rmtree(workdir, ignore_errors=True)
-    out = {"command": " ".join(["python scripts/direct_faults.py", *sys.argv[1:]]), "faults/trials": rows,
+    out = {"command": " ".join(["python scripts/direct_faults.py", *sys.argv[1:]]), "provenance": prov,
+           "faults/trials": rows,
            "faults/fired": sum(bool(r["fired"]) for r in rows),
            "faults/recovered": sum(counted(r) for r in rows),
            "faults/half_updated": sum(half_updated(r) for r in rows),

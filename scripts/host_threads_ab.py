@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from labkit import provenance  # noqa: E402
 from labkit.sync import SyncConfig  # noqa: E402
 from labkit.workbench.core import Workbench  # noqa: E402
 from labkit.lab.bench.sync import BENCH_SPEC, bench_model_dir, transport_seconds  # noqa: E402
@@ -30,6 +31,7 @@ def main() -> None:
     ap.add_argument("--transports", default="colocated,direct,distributed")
     ap.add_argument("--out", default="data/host_threads_ab_cpu.json")
     a = ap.parse_args()
+    prov = provenance.collect(config=vars(a))  # the code as the run starts
     arms = {f"threads_{a.threads_a}": a.threads_a, "default": None}
     samples: dict[str, list[float]] = {}
     with Workbench(bench_model_dir(a.model or BENCH_SPEC, "runs/bench")) as wb:
@@ -48,7 +50,8 @@ def main() -> None:
                             raise SystemExit(f"{t} {arm}: a sync did not verify")
                         value = transport_seconds(m) if kind == "transport_only" else wall
                         samples.setdefault(f"{t}/{kind}/{arm}", []).append(round(value, 5))
-    out = {"command": "python scripts/host_threads_ab.py " + " ".join(sys.argv[1:]), "cpu_count": os.cpu_count(),
+    out = {"command": "python scripts/host_threads_ab.py " + " ".join(sys.argv[1:]), "provenance": prov,
+           "cpu_count": os.cpu_count(),
            "arms": arms, "median_s": {k: round(statistics.median(v), 5) for k, v in samples.items()},
            "best_s": {k: min(v) for k, v in samples.items()}, "samples_s": samples}
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")

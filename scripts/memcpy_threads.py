@@ -16,6 +16,8 @@ import time
 
 import torch
 
+from labkit import provenance
+
 
 def best_copy_seconds(nbytes: int, reps: int, threads: int) -> float:
     """Best of `reps` copies of `nbytes` between two preallocated buffers (the first rep faults the pages in)."""
@@ -69,6 +71,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="the three measurements, one after the other, this often")
     ap.add_argument("--out", default="data/memcpy_threads_cpu.json")
     a = ap.parse_args()
+    prov = provenance.collect(config=vars(a))  # the code as the run starts
     nbytes, cores = int(a.mb * 1e6), os.cpu_count() or 1
     rounds = []
     for _ in range(a.rounds):
@@ -83,7 +86,8 @@ def main() -> int:
             "two_copy_ceiling_vs_reference": round(pair / 2 / every, 3),
             "one_copy_one_thread_vs_reference": round(one / every, 3),
         })
-    out = {"command": "python scripts/memcpy_threads.py " + " ".join(sys.argv[1:]), "memcpy/bytes": nbytes,
+    out = {"command": "python scripts/memcpy_threads.py " + " ".join(sys.argv[1:]), "provenance": prov,
+           "memcpy/bytes": nbytes,
            "memcpy/reps": a.reps, "memcpy/cores": cores, "memcpy/rounds": rounds}
     for k in rounds[0]:
         out[f"memcpy/{k}_range"] = [min(r[k] for r in rounds), max(r[k] for r in rounds)]
