@@ -164,10 +164,12 @@ def sweep(name: str, key: str, values: list, params: dict | None = None, out_roo
     every run's whole record (lists too, e.g. per-seed rows), for results that are quoted (data/). Returns rows,
     paths and the failure count.
     """
+    from labkit import provenance
     from labkit.workbench import viz
 
     src = resolve(name)
     root = _new_dir(Path(out_root), f"{src.stem}-sweep-{_slug(key)}")
+    prov = provenance.collect(config={**(params or {}), key: values})  # the code as the sweep starts, not as it ends
     rows, records = [], []
     for v in values:
         row = {key: v}
@@ -180,10 +182,8 @@ def sweep(name: str, key: str, values: list, params: dict | None = None, out_roo
             records.append(dict(row))
         rows.append(row)
     if save:
-        from labkit import provenance
-
         Path(save).parent.mkdir(parents=True, exist_ok=True)
-        Path(save).write_text(json.dumps({"command": command, "provenance": provenance.collect(config=params or {}),
+        Path(save).write_text(json.dumps({"command": command, "provenance": prov,
                                           "notebook": src.stem, "key": key, "values": values,
                                           "params": params or {}, "rows": records}, indent=1, default=str))
     cols = list(dict.fromkeys(k for r in rows for k in r))

@@ -11,8 +11,10 @@ from labkit.lab.report.markdown import md_cell, md_head, md_row
 from labkit.lab.report.mtp import mtp_table
 from labkit.mtp import stats
 
-FAULTS_RUN = {"command": "labkit faults --json", "faults/trials": 2, "faults/fired": 2, "faults/recovered": 2,
-              "faults/half_updated": 0,
+PROV = {"commit": "c" * 40, "dirty": False, "date_utc": "2026-11-27T10:00:00+00:00",
+        "host": {"cores": 2, "cpu_model": "Xeon", "memory_gib": 23.5, "gpus": []}}
+FAULTS_RUN = {"command": "labkit faults --json", "provenance": PROV, "faults/trials": 2, "faults/fired": 2,
+              "faults/recovered": 2, "faults/half_updated": 0,
               "faults/modified_then_restored": 1, "faults/engine_restarts": 0, "faults/recover_s_max": 1.5,
               "faults/served_mid_sync": 0, "faults/mid_sync_probes": 2, "faults/wall_s": 60.0,
               "faults/per_kind": {"exception": {"trials": 2, "fired": 2, "recovered": 2, "half_updated": 0,
@@ -97,21 +99,25 @@ def test_check_fails_when_a_data_file_a_table_needs_is_missing(house, monkeypatc
     assert report.update(check=True) == [next(p for p in problems if p.startswith("bench-delta:"))]
 
 
-def test_check_fails_on_a_run_made_from_a_dirty_tree_and_names_each_runs_provenance(house, monkeypatch):
+def test_check_fails_on_a_quoted_run_without_the_provenance_of_a_clean_commit(house, monkeypatch):
+    """A table's run and a run named in prose alike: dirty, without provenance, or missing is a problem."""
     _only(monkeypatch, "faults")
     page = house / "docs" / "faults.md"
     page.write_text("<!-- table:faults -->\n<!-- /table:faults -->\n")
-    prov = {"commit": "c" * 40, "dirty": False, "date_utc": "2026-11-27T10:00:00+00:00",
-            "host": {"cores": 2, "cpu_model": "Xeon", "memory_gib": 23.5, "gpus": []}}
-    (house / "data" / "faults_cpu.json").write_text(json.dumps({**FAULTS_RUN, "provenance": prov}))
+    (house / "data" / "faults_cpu.json").write_text(json.dumps(FAULTS_RUN))
     assert report.update(check=False) == ["faults"] and report.update(check=True) == []
     assert "`data/faults_cpu.json`: commit `cccccccccc` (clean), 2026-11-27, 2 cores Xeon, 23.5 GiB" in page.read_text()
-    (house / "data" / "faults_cpu.json").write_text(json.dumps({**FAULTS_RUN, "provenance": {**prov, "dirty": True}}))
-    problems = report.update(check=True)
-    assert any(p.startswith("faults: data/faults_cpu.json was made from a dirty tree") for p in problems), problems
-    (house / "data" / "faults_cpu.json").write_text(json.dumps(FAULTS_RUN))  # stored before provenance existed
+    (house / "data" / "faults_cpu.json").write_text(json.dumps({**FAULTS_RUN, "provenance": {**PROV, "dirty": True}}))
+    assert report.update(check=True) == ["faults", "data/faults_cpu.json (named in docs/faults.md): made from a "
+                                         "dirty tree"]
+    (house / "data" / "faults_cpu.json").write_text(json.dumps({**FAULTS_RUN, "provenance": None}))  # stored before
     report.update(check=False)
     assert "`data/faults_cpu.json`: no provenance recorded" in page.read_text()
+    assert report.update(check=True) == ["data/faults_cpu.json (named in docs/faults.md): no provenance"]
+    (house / "README.md").write_text("prose quoting `data/other_cpu.json` and data/gone.json, not runs/data/x.json\n")
+    (house / "data" / "other_cpu.json").write_text(json.dumps({"provenance": {**PROV, "commit": None}}))
+    assert report.update(check=True)[:2] == ["data/other_cpu.json (named in README.md): no commit",
+                                             "data/gone.json (named in README.md): missing"]
 
 
 def test_check_fails_on_a_pair_with_a_missing_half_and_on_a_paired_sweep_without_its_baseline(house, monkeypatch):

@@ -158,9 +158,15 @@ def test_the_fit_recovers_known_costs_and_skips_sizes_below_the_largest_group():
         return 2 * nbytes / (gbps * 1e9) + per_sync + buckets * per_bucket + tensors * per_tensor
 
     def run(tensors, nbytes, buckets):
+        hash_s = nbytes / (hash_gbps * 1e9)  # one hash pass; end to end hashes on both sides and pays e2e costs
         return {"bench/num_tensors": tensors, "bench/model_bytes": nbytes, "bench/num_buckets": buckets,
                 "bench/bucket_bytes": 32 << 20, "bench/memcpy_gbps": gbps, "bench/per_tensor_seconds": 3.0,
-                "bench/colocated_seconds": seconds(nbytes, buckets, tensors)}
+                "bench/colocated_seconds": seconds(nbytes, buckets, tensors),
+                "bench/bound_seconds/colocated": 0.01, "bench/bound_seconds/colocated_end_to_end": 0.01 + hash_s,
+                "bench/end_to_end_seconds/colocated": seconds(nbytes, buckets, tensors) + 2 * hash_s + e2e_sync
+                + tensors * e2e_tensor, "bench/end_to_end_seconds/per-tensor": 4.0}
+
+    hash_gbps, e2e_sync, e2e_tensor = 5.0, 0.05, 3e-6
 
     n, nbytes = bench.num_tensors, bench.total_bytes
     dense, moe = run(n, nbytes, count_buckets(bench.tensors, 32 << 20)), run(4179, 300_000_000, 9)
@@ -170,8 +176,25 @@ def test_the_fit_recovers_known_costs_and_skips_sizes_below_the_largest_group():
     assert over.per_bucket_s == pytest.approx(per_bucket)
     assert over.per_tensor_s == pytest.approx(per_tensor)
     assert over.per_sync_s == pytest.approx(per_sync)
+    e2e = rf.fit_overheads(dense, {"tune/curve": curve}, moe, "end_to_end")  # like with like: end-to-end seconds
+    assert e2e.per_bucket_s == pytest.approx(per_bucket)
+    assert e2e.per_tensor_s == pytest.approx(per_tensor + e2e_tensor)
+    assert e2e.per_sync_s == pytest.approx(per_sync + e2e_sync)
+    held = run(45, 1_250_000, 1)  # another model, made from the same costs: the fit predicts it exactly
+    res = rf.fit_residuals(e2e, "end_to_end", [("dense", dense), ("moe", moe)], [("held", held)],
+                           {"tune/curve": curve})
+    assert [r["role"] for r in res] == ["fitted", "fitted", "held out"]  # the sweep is transport-only
+    assert all(r["residual_s"] == pytest.approx(0, abs=1e-12) for r in res)
+    held["bench/end_to_end_seconds/colocated"] += 0.02  # a run the costs do not explain shows by how much
+    assert rf.fit_residuals(e2e, "end_to_end", [], [("held", held)])[0]["residual_s"] == pytest.approx(0.02)
+    res = rf.fit_residuals(over, "transport_only", [("dense", dense)], [], {"tune/curve": curve})
+    sweep = [r for r in res if r["run"].startswith("sweep")]
+    assert [r["run"] for r in sweep] == [f"sweep {mb} MiB" for mb in (1, 2, 4, 8, 16, 64, 256) if mb << 20 >= group]
+    assert all(r["residual_s"] == pytest.approx(0, abs=1e-12) for r in res)
     with pytest.raises(ValueError, match="moe"):
         rf.fit_overheads(dense, {"tune/curve": curve}, dense)  # no extra tensors: nothing to fit per tensor from
+    with pytest.raises(ValueError, match="measure='wall'"):
+        rf.fit_overheads(dense, {"tune/curve": curve}, moe, "wall")
 
 
 def test_predicted_is_bound_plus_overheads():
@@ -201,6 +224,14 @@ def test_published_rows_carry_sources_and_their_fraction():
     assert ppl["fraction_of_limit"] == pytest.approx(ppl["bytes"] / (128 * 50e9) / 1.3)
     ce = rows["checkpoint-engine"]  # the row's assumption: one NIC per node could not have made 16.04 s
     assert ce["bytes"] / 50e9 > 16.04 > ce["bound_s"] == pytest.approx(ce["bytes"] / 400e9)
+    assert not any("predicted_s" in r for r in rows.values())  # no overheads given, no prediction
+    over = rf.Overheads(per_bucket_s=0.01, per_tensor_s=1e-5, per_call_s=0.0, per_sync_s=0.2)
+    rows = {r["system"]: r for r in rp.published_rows(over)}
+    slime = rows["slime (blog)"]  # a colocated row with its bucket size published: bound + the overheads
+    assert slime["buckets"] == model_tensors("qwen3-30b-a3b", "bf16", mtp=False).buckets(512 << 20)
+    assert slime["predicted_s"] == pytest.approx(slime["bound_s"] + 0.2 + slime["buckets"] * 0.01
+                                                 + slime["tensors"] * 1e-5)
+    assert "predicted_s" in rows["verl PR #2418"] and "predicted_s" not in rows["Perplexity"]
 
 
 def test_stored_run_is_current():

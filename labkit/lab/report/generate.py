@@ -18,8 +18,8 @@ from labkit.lab.report.bench import bench_table, family_syncs_table, repeats_tab
 from labkit.lab.report.device import device_table
 from labkit.lab.report.mtp import drafts_table, mtp_table
 from labkit.lab.report.replication import replication_table
-from labkit.lab.report.tables import (codec_table, delta_table, faults_table, roofline_models_table,
-                                      roofline_table, serve_table)
+from labkit.lab.report.tables import (codec_table, delta_table, faults_table, host_threads_table,
+                                      roofline_fit_table, roofline_models_table, roofline_table, serve_table)
 from labkit.lab.roofline.overheads import stored_pairs
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -39,8 +39,10 @@ TABLES = {"mtp": ("mtp_experiment_cpu.json", mtp_table),
           "bench-codec": ("bench_codec_*.json", codec_table),
           "device-check": ("device_check_*.json", device_table),
           "family-syncs": ("sync_*_cpu.json", family_syncs_table),
+          "host-threads": ("host_threads_ab_cpu.json", host_threads_table),
           "roofline": ("roofline_published.json", roofline_table),
-          "roofline-models": ("roofline_published.json", roofline_models_table)}
+          "roofline-models": ("roofline_published.json", roofline_models_table),
+          "roofline-fit": ("roofline_published.json", roofline_fit_table)}
 
 
 # several runs of one bench, not paired with the MTP run
@@ -125,6 +127,22 @@ def missing(name: str, data_dir: Path) -> list[str]:
     return [f"data/{f}" for f in needs if not (any(data_dir.glob(f)) if "*" in f else (data_dir / f).exists())]
 
 
+QUOTED = re.compile(r"(?<![\w/.-])data/([\w.-]+\.json)")
+
+
+def unbacked(text: str, where: str, data_dir: Path) -> list[str]:
+    """Every `data/<file>.json` a page names, in a table's footer or in its prose, must be there and carry the
+    provenance of a clean commit (labkit.provenance.problems): a quoted number whose run cannot say what code made
+    it, or that was made from edits no commit holds, is a problem, not a footnote."""
+    out = []
+    for f in dict.fromkeys(QUOTED.findall(text)):
+        path = data_dir / f
+        why = ["missing"] if not path.is_file() else provenance.problems(json.loads(path.read_text()))
+        if why:
+            out.append(f"data/{f} (named in {where}): {', '.join(why)}")
+    return out
+
+
 def pages(root: Path | None = None) -> list[Path]:
     """The pages that may hold tables: README.md and every docs/**/*.md under `root` (the repository)."""
     root = ROOT if root is None else Path(root)
@@ -159,9 +177,6 @@ def update(check: bool = False, root: Path | None = None, data_dir: Path | None 
                 gone = missing(name, data_dir)
                 if gone:
                     note(f"{name}: cannot be built for {where}: {', '.join(gone)} missing")
-                for f, run in ([] if gone else sources(name, data_dir)):
-                    if isinstance(run.get("provenance"), dict) and "made from a dirty tree" in provenance.problems(run):
-                        note(f"{name}: data/{f} was made from a dirty tree (its commit does not say what ran)")
                 built[name] = None if gone else render(name, data_dir) + "\n"
             if built[name] is None:
                 return m.group(0)
@@ -173,6 +188,8 @@ def update(check: bool = False, root: Path | None = None, data_dir: Path | None 
         new = MARKER.sub(rebuild, text)
         if new != text and not check:
             page.write_text(new)
+        for problem in unbacked(new, where, data_dir):
+            note(problem)
     for name in TABLES:
         if name not in placed:
             note(f"{name}: in no page (no `<!-- table:{name} -->` in README.md or docs/)")

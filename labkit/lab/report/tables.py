@@ -1,5 +1,5 @@
 """The tables of the stored runs that have no module of their own: faults, serving under syncs, delta, codec,
-the roofline (bench tables: labkit.lab.report.bench; MTP: .mtp; the device check: .device)."""
+host threads, the roofline (bench tables: labkit.lab.report.bench; MTP: .mtp; the device check: .device)."""
 
 from __future__ import annotations
 
@@ -102,13 +102,14 @@ def codec_table(runs: list[tuple[str, dict]]) -> list[str]:
 def roofline_table(run: dict) -> list[str]:
     """Published syncs beside the bound of the transport each used (labkit.lab.roofline.published)."""
     head = ["system", "model", "hardware", "mode", "published", "bytes per sync", "bound of its transport",
-            "fraction of its limit", "source"]
+            "fraction of its limit", "predicted end to end (labkit's CPU overheads)", "source"]
     lines, notes = md_head(head), []
     for i, r in enumerate(run["roofline/published"], start=1):
         moved = "not published" if r["bytes"] is None else f"{r['bytes'] / 1e9:.1f} GB {r['weights']}"
         limit = r["bound"] if r["bound_s"] is None else f"{_secs(r['bound_s'])} ({r['transport']})"
+        predicted = f"{_secs(r['predicted_s'])} ({r['buckets']:,} buckets)" if "predicted_s" in r else "–"
         cells = [f"{r['system']} [{i}]", r["model"], r["hardware"], r["mode"], r["published"], moved, limit,
-                 f"{r['fraction_of_limit']:.2%}", r["source"]]
+                 f"{r['fraction_of_limit']:.2%}", predicted, r["source"]]
         lines.append(_row([md_cell(c) for c in cells]))  # a pipe would split the cell
         notes.append(f"- [{i}] {r['assumption']}; bound = {r['bound']}.")
     return lines + [""] + notes
@@ -159,3 +160,37 @@ def _repeats_note(reps: list[dict]) -> str:
             "the bench pair instead (`data/bench_sync_cpu.json` and `data/bench_sync_cpu_<k>.json`, each with its "
             f"MoE run; same commands, same sweep): per tensor {span('per_tensor_s', 1e6, 'µs')}, per sync "
             f"{span('per_sync_s', 1e3, 'ms')}, per bucket {span('per_bucket_s', 1e3, 'ms')}.")
+
+
+def host_threads_table(run: dict) -> list[str]:
+    """scripts/host_threads_ab.py: median seconds per transport of the arm on every core and labkit's default (every
+    core but the engine's), transport-only and end to end, the arms interleaved sync by sync."""
+    cores = run.get("cpu_count") or 1
+    arm_a = next(k for k in run["arms"] if k != "default")
+    default = f"{max(1, cores - 1)} thread{'s' if cores > 2 else ''} (default)"
+    a = f"{run['arms'][arm_a]} threads"
+    lines = md_head(["transport", f"transport-only, {a}", f"transport-only, {default}", f"end to end, {a}",
+                     f"end to end, {default}"])
+    med = run["median_s"]
+    for t in dict.fromkeys(k.split("/")[0] for k in med):
+        lines.append(_row([t, *(f"{med[f'{t}/{kind}/{arm}']:.3f}" for kind in ("transport_only", "end_to_end")
+                                  for arm in (arm_a, "default"))]))
+    n = len(next(iter(run["samples_s"].values())))
+    return [*lines, "", f"Median of {n} syncs per arm and transport, {cores} cores."]
+
+
+def roofline_fit_table(run: dict) -> list[str]:
+    """The roofline's overheads, transport-only and end to end, and each fit's residuals: measured less predicted
+    seconds on the runs it was fitted on and on runs it never saw."""
+    lines = md_head(["measure", "per sync", "per bucket", "per tensor"])
+    for m, key in (("transport-only", "roofline/overheads"), ("end to end", "roofline/overheads_end_to_end")):
+        o = run[key]
+        lines.append(_row([m, f"{o['per_sync_s'] * 1e3:.1f} ms", f"{o['per_bucket_s'] * 1e3:.2f} ms",
+                           f"{o['per_tensor_s'] * 1e6:.1f} µs"]))
+    lines += ["", *md_head(["measure", "run", "used as", "tensors", "buckets", "measured", "predicted", "residual"])]
+    for m, rows in run["roofline/fit_residuals"].items():
+        for r in rows:
+            lines.append(_row([m.replace("_", "-"), r["run"], r["role"], f"{r['tensors']:,}", r["buckets"],
+                               f"{r['measured_s']:.4f} s", f"{r['predicted_s']:.4f} s",
+                               f"{r['residual_s'] * 1e3:+.1f} ms"]))
+    return lines

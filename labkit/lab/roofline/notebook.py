@@ -53,14 +53,19 @@ def model_summary(name: str, s: rf.Scenario, over: rf.Overheads, repeats: list[r
 
 def run(s: rf.Scenario = REFERENCE, over: rf.Overheads | None = None) -> dict:
     """Everything the README's roofline tables and `labkit roofline --json` show, as one JSON-ready dict."""
-    repeats = rf.cpu_overheads_repeats() if over is None else []  # the CPU fits' spread: for the CPU fit only
+    cpu = over is None
+    repeats = rf.cpu_overheads_repeats() if cpu else []  # the CPU fits' spread: for the CPU fit only
     over = over or rf.cpu_overheads()
+    e2e = rf.cpu_overheads(measure="end_to_end") if cpu else None
     ref = dataclasses.replace(REFERENCE, model=next(iter(REAL)))
+    fields = ("per_bucket_s", "per_tensor_s", "per_call_s", "per_sync_s", "measured_on", "derivation")
     return {
         "roofline/scenario": {**{f.name: getattr(s, f.name) for f in dataclasses.fields(s) if f.name != "layout"},
                               "layout": dataclasses.asdict(s.layout)},
-        "roofline/overheads": {k: getattr(over, k) for k in ("per_bucket_s", "per_tensor_s", "per_call_s",
-                                                             "per_sync_s", "measured_on", "derivation")},
+        "roofline/overheads": {k: getattr(over, k) for k in fields},
+        **({"roofline/overheads_end_to_end": {k: getattr(e2e, k) for k in fields},
+            "roofline/fit_residuals": {m: rf.cpu_residuals(m) for m in ("transport_only", "end_to_end")}}
+           if cpu else {}),
         "roofline/hardware": {k: dataclasses.asdict(h) for k, h in rf.HARDWARE.items()},
         "roofline/reference": {"hardware": ref.hardware, "weights": ref.weights, "bucket_mb": ref.bucket_mb,
                                "trainer_bytes_per_param": rf.TRAINER_BYTES_PER_PARAM},
@@ -68,7 +73,7 @@ def run(s: rf.Scenario = REFERENCE, over: rf.Overheads | None = None) -> dict:
                                        for o in repeats],
         "roofline/models": [model_summary(n, ref, over, repeats) for n in REAL],
         "roofline/transports": rf.transport_rows(s, over),
-        "roofline/published": rp.published_rows(),
+        "roofline/published": rp.published_rows(e2e),
     }
 
 
@@ -92,15 +97,17 @@ def transport_table(s: rf.Scenario, over: rf.Overheads) -> list[dict]:
 
 
 def published_table() -> list[dict]:
-    """The published systems beside their bound, recorded as roofline/published."""
+    """The published systems beside their bound and, where a bucket size is published, the time predicted with
+    labkit's end-to-end overheads; recorded as roofline/published."""
     from labkit.workbench import nb
 
-    rows = rp.published_rows()
+    rows = rp.published_rows(rf.cpu_overheads(measure="end_to_end"))
     nb.record({"roofline/published": rows})
     return [{"system": r["system"], "model": r["model"], "hardware": r["hardware"], "mode": r["mode"],
              "published": r["published"], "bytes per sync": _bytes(r), "bound": r["bound"],
-             "fraction of its limit": f"{r['fraction_of_limit']:.2%}", "assumption": r["assumption"],
-             "source": r["source"]} for r in rows]
+             "fraction of its limit": f"{r['fraction_of_limit']:.2%}",
+             "predicted end to end": rf.fmt_seconds(r["predicted_s"]) if "predicted_s" in r else "–",
+             "assumption": r["assumption"], "source": r["source"]} for r in rows]
 
 
 def show_rows(rows: list[dict], name: str | None = None, title: str = "") -> None:

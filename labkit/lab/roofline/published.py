@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from labkit.config import check, check_choice
-from labkit.lab.roofline.bounds import GB, HardwareName, Layout, Link, bound, fmt_seconds, hardware
+from labkit.lab.roofline.bounds import GB, MB, HardwareName, Layout, Link, Overheads, bound, fmt_seconds, hardware
 from labkit.lab.roofline.tensors import Weights, model_tensors
 
 
@@ -40,6 +40,9 @@ class Published:
     """Senders, receivers, engine cut, NICs per broadcast."""
     weights: Weights = "bf16"
     """What crossed the wire."""
+    bucket_mb: float | None = None
+    """The published bucket size in MiB, where a colocated sync's prediction (bound + labkit's end-to-end
+    overheads, `evaluate`) can be set beside the published time; None leaves the row without one."""
     published_s: float | None = None
     """The published seconds per sync (the latest, best number)."""
     published_text: str = ""
@@ -64,6 +67,7 @@ PUBLISHED: tuple[Published, ...] = (
     Published(system="verl PR #2418", model="moonlight-16b-a3b", model_text="Moonlight-16B-A3B", hardware="H20",
               hardware_text="8×H20", mode="colocated Megatron → SGLang, CUDA IPC, 512 MB buckets",
               transport="colocated", layout=Layout(trainer_gpus=8, engine_gpus=8, engine_tp=8), published_s=18.0,
+              bucket_mb=512,
               published_text="175 s → 18 s",
               assumption="bf16; SGLang TP=8 over the 8 GPUs (not stated), so each GPU copies its 1/8 shard, the "
                          "least a colocated sync copies (a GPU copying the whole model: bound ×8); the trainer's "
@@ -73,7 +77,7 @@ PUBLISHED: tuple[Published, ...] = (
     Published(system="slime (blog)", model="qwen3-30b-a3b", model_text="Qwen3-30B-A3B", hardware="H100",
               hardware_text="not stated (slime's Qwen3-30B-A3B example: 8×H100)",
               mode="colocated Megatron → SGLang, CUDA IPC, flattened 512 MB buckets", transport="colocated",
-              layout=Layout(trainer_gpus=8, engine_gpus=8, engine_tp=8), published_s=7.0,
+              layout=Layout(trainer_gpus=8, engine_gpus=8, engine_tp=8), published_s=7.0, bucket_mb=512,
               published_text="120 s → 90 → 30 → 7 s",
               assumption="bf16 on 8×H100 (slime's example; the post names no hardware); engine TP/EP=8, each GPU "
                          "copies its 1/8 shard; the trainer's gather is not in the bound",
@@ -111,8 +115,10 @@ PUBLISHED: tuple[Published, ...] = (
 )
 
 
-def evaluate(p: Published) -> dict:
-    """The row as the table shows it: bytes moved, the transport's bound and the fraction of its limit."""
+def evaluate(p: Published, over: Overheads | None = None) -> dict:
+    """The row as the table shows it: bytes moved, the transport's bound and the fraction of its limit; with
+    `over` (overheads fitted end to end: a published time is what its users waited) and a published bucket size,
+    also the predicted seconds = bound + over's per-sync, per-bucket and per-tensor costs, like with like."""
     hw = hardware(p.hardware)
     row = {"system": p.system, "model": p.model_text, "hardware": p.hardware_text, "mode": p.mode,
            "transport": p.transport, "published": p.published_text, "published_s": p.published_s,
@@ -124,12 +130,17 @@ def evaluate(p: Published) -> dict:
                          f"{p.rate_gbps / hw.nvlink_gbps:.1%})"}
     mt = model_tensors(p.model, p.weights, mtp=False)
     b = bound(p.transport, mt.total_bytes, hw, p.layout)
-    return {**row, "bytes": mt.total_bytes, "params": mt.params, "tensors": mt.num_tensors, "bound_s": b.seconds,
-            "bound": f"{fmt_seconds(b.seconds)}: {b.formula}", "fraction_of_limit": b.seconds / p.published_s}
+    row = {**row, "bytes": mt.total_bytes, "params": mt.params, "tensors": mt.num_tensors, "bound_s": b.seconds,
+           "bound": f"{fmt_seconds(b.seconds)}: {b.formula}", "fraction_of_limit": b.seconds / p.published_s}
+    if over is not None and p.bucket_mb is not None:
+        nb = mt.buckets(int(p.bucket_mb * MB))
+        row.update(buckets=nb, predicted_s=b.seconds + over.per_sync_s + nb * over.per_bucket_s
+                   + mt.num_tensors * over.per_tensor_s)
+    return row
 
 
-def published_rows() -> list[dict]:
-    return [evaluate(p) for p in PUBLISHED]
+def published_rows(over: Overheads | None = None) -> list[dict]:
+    return [evaluate(p, over) for p in PUBLISHED]
 
 
 def describe(row: dict) -> str:
