@@ -9,6 +9,10 @@ SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 PAD, BOS, EOS, UNK = range(4)
 CHARS = ["\n"] + [chr(c) for c in range(32, 127)]
 VOCAB = SPECIALS + CHARS  # 100 entries; the model's embedding is padded to a multiple of 64
+# The messages' contents, joined: a chat request is the completion of its text, so an OpenAI chat client gets what
+# a completions client gets for the same prompt. Without a template SGLang answers /v1/chat/completions with 400
+# "tokenizer.chat_template is not set"; labkit's models are not instruction-tuned, so no roles are rendered.
+CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 
 
 def save_char_tokenizer(out: Path) -> None:
@@ -25,7 +29,7 @@ def save_char_tokenizer(out: Path) -> None:
         "tokenizer_class": "PreTrainedTokenizerFast",
         "pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
         "add_bos_token": False, "add_eos_token": False, "clean_up_tokenization_spaces": False,
-        "model_max_length": 4096,
+        "model_max_length": 4096, "chat_template": CHAT_TEMPLATE,
     }, indent=2))
     (out / "special_tokens_map.json").write_text(json.dumps(
         {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}, indent=2))

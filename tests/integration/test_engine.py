@@ -305,6 +305,18 @@ def test_sglang_load_failure_is_surfaced_naming_the_dir(engine_model_dir, tmp_pa
 
 
 # --- the HTTP server -------------------------------------------------------------------------------------
+def _openai_endpoints_answer_the_greedy_text(url: str, want: str) -> None:
+    """What an OpenAI client sees: /v1/completions and /v1/chat/completions answer PROMPTS[1]'s greedy text (the
+    chat request through the models' shipped chat template, labkit.models.tokenizer.CHAT_TEMPLATE)."""
+    import openai
+
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", timeout=60, max_retries=0)
+    greedy = {"max_tokens": GREEDY["max_new_tokens"], "temperature": 0.0}
+    comp = client.completions.create(model="tiny", prompt=PROMPTS[1], **greedy)
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": PROMPTS[1]}], **greedy)
+    assert want and comp.choices[0].text == chat.choices[0].message.content == want, (want, comp, chat)
+
+
 def test_http_server_generate_update_verify_shutdown(engine, engine_model_dir):
     import psutil
 
@@ -321,6 +333,7 @@ def test_http_server_generate_update_verify_shutdown(engine, engine_model_dir):
         ray_out = engine.generate(input_ids=ids, sampling=GREEDY)
         assert [o["tokens"] for o in http_out] == [o["tokens"] for o in ray_out]
         assert len(http_out[0]["logprobs"]) == len(http_out[0]["tokens"])
+        _openai_endpoints_answer_the_greedy_text(handle.url, tokenizer.decode(ray_out[1]["tokens"]))
 
         with pytest.raises(EngineError, match="must run between begin_weight_update"):
             handle.update_weights_from_tensor(_perturbed(weights, 1.0)[:1])

@@ -5,7 +5,7 @@ import pytest
 from labkit.config import ModelSpec, ParallelSpec, TrainConfig
 from labkit.models import tokenizer
 from labkit.models.hf import check_parallel, read_config_json
-from labkit.models.tiny import hf_config, make_tiny_mimo, tensor_shapes
+from labkit.models.tiny import DEFAULT_DIR, hf_config, make_tiny_mimo, tensor_shapes
 from labkit.tasks import arith
 
 
@@ -103,6 +103,11 @@ def test_char_tokenizer_loads_in_transformers_and_matches_pure_encoding(tmp_path
         assert ids == tokenizer.encode(text)
         assert tok.decode(ids) == text == tokenizer.decode(ids)
     assert tok.eos_token_id == tokenizer.EOS
+    # a chat request is the completion of its messages' text (OpenAI chat clients; no template: a 400 in SGLang)
+    shipped = AutoTokenizer.from_pretrained(str(DEFAULT_DIR))  # data/tiny-mimo, the pretrained checkpoint
+    for t in (tok, shipped):
+        chat = [{"role": "user", "content": "37+45="}]
+        assert t.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == "37+45="
 
 
 def test_arith_task():
