@@ -105,6 +105,20 @@ def test_a_recreated_parameter_is_re_resolved():
     assert torch.equal(m.norm, flat.view(torch.float32))  # the plan copied into the new parameter
 
 
+def test_an_engine_at_tp_above_1_takes_the_models_loader_not_tp_1_views(monkeypatch):
+    """The copy plan's views are TP=1 slices: at TP=2 every tensor goes to the model's load_weights (each rank cuts
+    its shard), read from SGLang's own runtime context; outside an engine nothing is published: one rank."""
+    from sglang.srt import runtime_context
+
+    assert copyplan.tp_size() == 1
+    monkeypatch.setattr(runtime_context, "get_parallel", lambda: type("P", (), {"tp_size": 2})())
+    assert copyplan.tp_size() == 2
+    m = Model()
+    key, flat = _bucket({"q": torch.randn(4, 3), "norm": torch.randn(3)})
+    apply.load_flat(m, [(key, flat)])
+    assert m.loaded == ["q", "norm"] and not m.qkv.any() and apply.end_sync() == [0, 2]
+
+
 def test_a_shape_mismatch_falls_back_and_a_foreign_payload_is_refused():
     m = Model()
     key, flat = _bucket({"q": torch.randn(2, 3), "norm": torch.randn(3)})

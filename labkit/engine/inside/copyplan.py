@@ -80,11 +80,16 @@ def moved(model, plan: CopyPlan) -> bool:
 
 
 def tp_size() -> int:
-    try:
-        from sglang.srt.distributed import get_tensor_model_parallel_world_size  # SGLang is crossed here only
+    """The engine's tensor-parallel size, from SGLang's runtime context (1 outside an engine: nothing published).
+    Only that case is caught: SGLang 0.5.23 keeps `get_tensor_model_parallel_world_size` out of
+    `sglang.srt.distributed`'s exports, and a swallowed ImportError read every engine as TP=1, so a TP=2 engine
+    compiled TP=1 views and both schedulers died in the first apply (`start (128) + length (128) exceeds
+    dimension size (128)`)."""
+    from sglang.srt.runtime_context import get_parallel  # SGLang is crossed here only
 
-        return get_tensor_model_parallel_world_size()
-    except Exception:  # outside an engine (unit tests): one rank
+    try:
+        return int(get_parallel().tp_size)
+    except ValueError:  # "config namespace 'parallel' not published": not inside an engine
         return 1
 
 
