@@ -1,0 +1,85 @@
+"""What a long run holds, sampled between syncs: every process of the run (resident memory, open file descriptors,
+threads), the files under /dev/shm, and Ray's object store.
+
+A leak shows as one of these growing sync after sync, or not coming back to its level after a sync: a mapped
+bucket never unmapped, a staging file never unlinked (SGLang's `sglang_loads_*`, labkit's last good copies), an
+object ref held in a list. Processes are found from their roots (the driver; the pids of Ray actors and engine
+servers) with all their children, and named by role from the titles SGLang and Ray give them, so a series can
+follow a role across a restart (a fault that kills an engine brings a new pid, not a new role).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import psutil
+
+# (title prefix, role): the first match names the process; SGLang and Ray set these titles (setproctitle)
+ROLES = (("sglang::scheduler", "scheduler"), ("sglang::detokenizer", "detokenizer"),
+         ("ray::EngineActor", "engine actor"), ("ray::TrainerRank", "trainer rank"), ("ray::", "ray worker"))
+SHM = Path("/dev/shm")
+
+
+def role(proc: psutil.Process) -> str:
+    """The process's role from its title; `driver` for this process, otherwise its executable's name."""
+    if proc.pid == os.getpid():
+        return "driver"
+    try:
+        title = " ".join(proc.cmdline()) or proc.name()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return "gone"
+    return next((r for prefix, r in ROLES if title.startswith(prefix)), proc.name())
+
+
+def processes(roots: Iterable[int]) -> list[dict]:
+    """Every live process under `roots` (each root and its descendants, once): pid, role, resident bytes, open
+    file descriptors and threads. A process that exits while it is read is left out, not counted as zero."""
+    seen: dict[int, psutil.Process] = {}
+    for pid in roots:
+        try:
+            root = psutil.Process(pid)
+            for p in [root, *root.children(recursive=True)]:
+                seen.setdefault(p.pid, p)
+        except psutil.NoSuchProcess:
+            continue
+    out = []
+    for pid, p in sorted(seen.items()):
+        try:
+            with p.oneshot():
+                out.append({"pid": pid, "role": role(p), "rss_bytes": p.memory_info().rss, "fds": p.num_fds(),
+                            "threads": p.num_threads()})
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
+def shm(root: Path = SHM) -> dict:
+    """Files under /dev/shm and their bytes (anyone's: a leak of SGLang's, Ray's or torch's counts as well)."""
+    files = [p for p in root.iterdir() if p.is_file()] if root.is_dir() else []
+    total = 0
+    for p in files:
+        try:
+            total += p.stat().st_size
+        except FileNotFoundError:  # unlinked while listed
+            continue
+    return {"files": len(files), "bytes": total}
+
+
+def object_store() -> dict | None:
+    """Ray's object store across the cluster (bytes in use, objects), from the raylet's memory report; None when
+    this process is not connected to Ray."""
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    from ray._private import internal_api  # ray 2.60's own `ray memory --stats-only` source
+
+    stats = internal_api.get_memory_info_reply(internal_api.get_state_from_address()).store_stats
+    return {"bytes": int(stats.object_store_bytes_used), "objects": int(stats.num_local_objects)}
+
+
+def sample(roots: Iterable[int]) -> dict:
+    """One reading of everything above."""
+    return {"processes": processes(roots), "shm": shm(), "object_store": object_store()}

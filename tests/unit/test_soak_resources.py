@@ -1,0 +1,56 @@
+"""labkit.lab.soak.resources on real processes: a child that grows, opens files and starts threads is seen under
+its root with the growth; /dev/shm files are counted with their bytes; no Ray, no object store reading."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from labkit.lab.soak import resources
+
+CHILD = """
+import sys, threading, time
+blob = bytearray(64 << 20)  # touched: resident
+for i in range(0, len(blob), 4096):
+    blob[i] = 1
+files = [open(sys.argv[1], "rb") for _ in range(5)]
+stop = threading.Event()
+threads = [threading.Thread(target=stop.wait) for _ in range(3)]
+for t in threads:
+    t.start()
+print("ready", flush=True)
+sys.stdin.readline()
+stop.set()
+"""
+
+
+def test_a_child_that_grows_is_seen_under_its_root_with_what_it_holds(tmp_path):
+    before = {p["pid"]: p for p in resources.processes([os.getpid()])}
+    assert before[os.getpid()]["role"] == "driver"
+    child = subprocess.Popen([sys.executable, "-c", CHILD, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        seen = {p["pid"]: p for p in resources.processes([os.getpid(), os.getpid()])}  # each process once
+        c = seen[child.pid]
+        assert c["rss_bytes"] > 64 << 20 and c["fds"] >= 5 + 3 and c["threads"] >= 4
+        assert c["role"] == Path(sys.executable).name or c["role"].startswith("python")
+    finally:
+        child.stdin.write("\n")
+        child.stdin.flush()
+        child.wait(timeout=30)
+    time.sleep(0.1)
+    assert child.pid not in {p["pid"] for p in resources.processes([os.getpid()])}  # gone, not a zero row
+    assert resources.processes([child.pid]) == []
+
+
+def test_shm_counts_files_and_bytes_and_no_ray_means_no_object_store(tmp_path):
+    empty = resources.shm(tmp_path)
+    assert empty == {"files": 0, "bytes": 0}
+    (tmp_path / "a").write_bytes(b"x" * 1000)
+    (tmp_path / "b").write_bytes(b"y" * 24)
+    (tmp_path / "sub").mkdir()
+    assert resources.shm(tmp_path) == {"files": 2, "bytes": 1024}
+    assert resources.shm(tmp_path / "missing") == {"files": 0, "bytes": 0}
+    assert resources.object_store() is None  # this test process is not connected to Ray
