@@ -4,7 +4,8 @@ new user and CI run them. Writes one JSON run with the clone's own provenance (i
     python scripts/fresh_clone.py [--repo .] [--dir D] [--no-demo] --out data/make_test_fresh_clone_cpu.json
 
 Keep the box otherwise idle: the suite's time is what the 45-minute budget is about. The install is timed from the
-start of `make test` to the install stamp (`.venv/.labkit-installed`), the suite from there to the end.
+start of `make test` to the install stamp (`.venv/.labkit-installed`), `suite_s` from there to the end (the
+browser's apt install, when the box has no Chromium yet, included).
 """
 
 import argparse
@@ -37,6 +38,12 @@ def pytest_summary(text: str) -> dict:
             "errors": counts.get("errors", 0), "skipped": counts.get("skipped", 0), "slowest": slowest}
 
 
+def _du(path: Path) -> int | None:
+    """Bytes under `path` (None when it is not there: an install that failed before creating it)."""
+    out = subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True).stdout.split()
+    return int(out[0]) if out else None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repo", default=".")
@@ -62,8 +69,7 @@ def main() -> int:
            "make_test/suite_s": None if install_s is None else round(test_s - install_s, 1),
            **{f"make_test/{k}": v for k, v in pytest_summary(
                (clone.parent / f"{clone.name}_make_test.log").read_text()).items()},
-           "venv_bytes": int(subprocess.run(["du", "-sb", str(clone / ".venv")], capture_output=True,
-                                            text=True).stdout.split()[0])}
+           "venv_bytes": _du(clone / ".venv")}
     if not a.no_demo:
         rc_demo, demo_s = timed(["make", "demo"], clone, clone.parent / f"{clone.name}_make_demo.log")
         out.update({"make_demo/rc": rc_demo, "make_demo/total_s": round(demo_s, 1)})

@@ -19,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from labkit import provenance  # noqa: E402
 from labkit.sync import SyncConfig  # noqa: E402
+from labkit.sync.bucket import host_threads  # noqa: E402
 from labkit.workbench.core import Workbench  # noqa: E402
 from labkit.lab.bench.sync import BENCH_SPEC, bench_model_dir, transport_seconds  # noqa: E402
 
@@ -33,6 +34,10 @@ def main() -> None:
     a = ap.parse_args()
     prov = provenance.collect(config=vars(a))  # the code as the run starts
     arms = {f"threads_{a.threads_a}": a.threads_a, "default": None}
+    used = {}
+    for arm, n in arms.items():  # the threads each arm's CPU syncs run with (labkit.sync.bucket.host_threads)
+        with host_threads("cpu", n) as use:
+            used[arm] = use
     samples: dict[str, list[float]] = {}
     with Workbench(bench_model_dir(a.model or BENCH_SPEC, "runs/bench")) as wb:
         for t in a.transports.split(","):
@@ -52,7 +57,7 @@ def main() -> None:
                         samples.setdefault(f"{t}/{kind}/{arm}", []).append(round(value, 5))
     out = {"command": "python scripts/host_threads_ab.py " + " ".join(sys.argv[1:]), "provenance": prov,
            "cpu_count": os.cpu_count(),
-           "arms": arms, "median_s": {k: round(statistics.median(v), 5) for k, v in samples.items()},
+           "arms": arms, "threads": used, "median_s": {k: round(statistics.median(v), 5) for k, v in samples.items()},
            "best_s": {k: min(v) for k, v in samples.items()}, "samples_s": samples}
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out["median_s"], indent=1))

@@ -23,7 +23,8 @@ sys.path.insert(0, str(ROOT))
 from labkit.lab.report.generate import QUOTED, pages  # noqa: E402
 
 LAST = ("mtp_", "faults_cpu")  # the long runs, after every timing
-SELF = ("make_test_fresh_clone",)  # made by scripts/fresh_clone.py, not by its command line
+SELF = ("make_test_fresh_clone",)  # scripts/fresh_clone.py times `make test` on an idle box: a run of its own
+DERIVED = ("roofline_",)  # computed from other stored runs (bench sync pair, notebook 04, a held-out bench)
 
 
 def quoted_runs() -> list[tuple[str, str, bool]]:
@@ -38,8 +39,9 @@ def quoted_runs() -> list[tuple[str, str, bool]]:
         gpu = bool(((run.get("provenance") or {}).get("host") or {}).get("gpus")) or any(
             s in cmd for s in ("--device cuda", "/root/out/", "bench device"))
         out.append((f, cmd, gpu))
-    # a command that reads a model another run writes under runs/ goes after it
-    return sorted(out, key=lambda r: (r[0].startswith(LAST), " runs/" in r[1], r[0]))
+    # a command that reads a model another run writes under runs/ goes after it; runs derived from runs go after
+    # every timing they read
+    return sorted(out, key=lambda r: (r[0].startswith(LAST), r[0].startswith(DERIVED), " runs/" in r[1], r[0]))
 
 
 def main() -> int:
@@ -62,10 +64,12 @@ def main() -> int:
             continue
         argv = shlex.split(cmd)
         argv[0] = str(venv / argv[0]) if argv[0] in ("labkit", "python") else argv[0]
-        t0 = time.monotonic()
-        rc = subprocess.run(argv, cwd=a.dir, env={**os.environ, "PYTHONPATH": a.dir},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
-        print(f"{f}: rc={rc} in {time.monotonic() - t0:.0f} s", flush=True)
+        t0, log = time.monotonic(), Path(a.dir) / "runs" / f"remake_{Path(f).stem}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "w") as out:
+            rc = subprocess.run(argv, cwd=a.dir, env={**os.environ, "PYTHONPATH": a.dir}, stdout=out,
+                                stderr=subprocess.STDOUT).returncode
+        print(f"{f}: rc={rc} in {time.monotonic() - t0:.0f} s (log {log})", flush=True)
         failed += [f] if rc else []
     print(f"outputs in {a.dir}/data; failed: {', '.join(failed) or 'none'}")
     return 1 if failed else 0

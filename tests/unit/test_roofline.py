@@ -2,6 +2,7 @@
 hand arithmetic, overheads fitted from the stored CPU runs, published rows with their sources, and bad input
 refused with the value and what is allowed."""
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -180,6 +181,8 @@ def test_the_fit_recovers_known_costs_and_skips_sizes_below_the_largest_group():
     assert e2e.per_bucket_s == pytest.approx(per_bucket)
     assert e2e.per_tensor_s == pytest.approx(per_tensor + e2e_tensor)
     assert e2e.per_sync_s == pytest.approx(per_sync + e2e_sync)
+    one_copy_and_hashes = nbytes / (gbps * 1e9) + 2 * nbytes / (hash_gbps * 1e9)
+    assert e2e.per_call_s == pytest.approx((4.0 - one_copy_and_hashes) / n)
     held = run(45, 1_250_000, 1)  # another model, made from the same costs: the fit predicts it exactly
     res = rf.fit_residuals(e2e, "end_to_end", [("dense", dense), ("moe", moe)], [("held", held)],
                            {"tune/curve": curve})
@@ -226,12 +229,18 @@ def test_published_rows_carry_sources_and_their_fraction():
     assert ce["bytes"] / 50e9 > 16.04 > ce["bound_s"] == pytest.approx(ce["bytes"] / 400e9)
     assert not any("predicted_s" in r for r in rows.values())  # no overheads given, no prediction
     over = rf.Overheads(per_bucket_s=0.01, per_tensor_s=1e-5, per_call_s=0.0, per_sync_s=0.2)
-    rows = {r["system"]: r for r in rp.published_rows(over)}
-    slime = rows["slime (blog)"]  # a colocated row with its bucket size published: bound + the overheads
+    assert not any("predicted_s" in r for r in rp.published_rows(over))  # no hash rate: no end-to-end prediction
+    rows = {r["system"]: r for r in rp.published_rows(over, hash_gbps=50.0)}
+    slime = rows["slime (blog)"]  # a colocated row with its bucket size published: bound + hashing + the overheads
     assert slime["buckets"] == model_tensors("qwen3-30b-a3b", "bf16", mtp=False).buckets(512 << 20)
-    assert slime["predicted_s"] == pytest.approx(slime["bound_s"] + 0.2 + slime["buckets"] * 0.01
+    per_gpu = slime["bytes"] / 8  # engine TP=8: each GPU copies and hashes its shard
+    assert slime["hash_s"] == pytest.approx(2 * per_gpu / 50e9)
+    assert slime["predicted_s"] == pytest.approx(slime["bound_s"] + slime["hash_s"] + 0.2 + slime["buckets"] * 0.01
                                                  + slime["tensors"] * 1e-5)
     assert "predicted_s" in rows["verl PR #2418"] and "predicted_s" not in rows["Perplexity"]
+    with pytest.raises(ValueError, match="bucket_mb=512 is invalid: expected None, or a positive number of MiB on "
+                                         "a colocated row"):
+        dataclasses.replace(rp.PUBLISHED[2], bucket_mb=512)  # checkpoint-engine: a broadcast, not colocated
 
 
 def test_stored_run_is_current():

@@ -33,6 +33,9 @@ def test_the_verdict_passes_noise_and_tiny_drifts_and_fails_a_real_one():
     real = trend(xs, [1.0 + 1e-3 * x + rng.gauss(0, 0.05) for x in xs])  # ~8 % per 100 syncs
     assert real["upward"] is True and real["slope_per"] == pytest.approx(0.1, abs=0.02)
     assert trend(xs, [1.0 - 1e-3 * x for x in xs])["upward"] is False  # falling is no upward trend
+    assert not flat["inconclusive"] and not real["inconclusive"]
+    short = trend(xs[:6], [1.0, 1.3, 0.8, 1.4, 0.9, 1.2])  # passes by the rule, but rules nothing out
+    assert short["upward"] is False and short["inconclusive"] is True
 
 
 def test_bad_input_names_what_was_given():
@@ -40,3 +43,7 @@ def test_bad_input_names_what_was_given():
         slope_ci95([0, 1, 2], [1.0, 2.0])
     with pytest.raises(ValueError, match="every x is 4"):
         slope_ci95([4, 4, 4], [1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match="per=0 is invalid"):
+        trend([0, 1, 2], [1.0, 2.0, 3.0], per=0)
+    with pytest.raises(ValueError, match="rel=-0.1 is invalid"):
+        trend([0, 1, 2], [1.0, 2.0, 3.0], rel=-0.1)

@@ -152,8 +152,9 @@ def pages(root: Path | None = None) -> list[Path]:
 def update(check: bool = False, root: Path | None = None, data_dir: Path | None = None) -> list[str]:
     """Rebuild every table block of README.md and docs/**/*.md from the stored runs, each in the page that holds
     its marker; with `check`, write nothing. Returns the problems: the name of each stale table, and `NAME: why`
-    for a table that cannot be built (a data file it needs is missing), a marker no table answers, or a table
-    placed in no page. [] when every page is current."""
+    for a table that cannot be built (a data file it needs is missing), a marker no table answers, a table
+    placed in no page, or a run a page names that is missing or lacks a clean commit's provenance (`unbacked`).
+    [] when every page is current."""
     data_dir = Path(data_dir) if data_dir is not None else DATA if root is None else Path(root) / "data"
     root = ROOT if root is None else Path(root)
     problems: list[str] = []

@@ -112,6 +112,11 @@ def roofline_table(run: dict) -> list[str]:
                  f"{r['fraction_of_limit']:.2%}", predicted, r["source"]]
         lines.append(_row([md_cell(c) for c in cells]))  # a pipe would split the cell
         notes.append(f"- [{i}] {r['assumption']}; bound = {r['bound']}.")
+    hashed = next((r for r in run["roofline/published"] if "hash_s" in r), None)
+    if hashed:  # what the predicted column adds to the bound
+        notes.append(f"- Predicted end to end: the bound + two hash passes over each GPU's bytes at "
+                     f"{hashed['hash_gbps']:g} GB/s (labkit's checksum, measured on an H100: "
+                     "`data/device_check_h100.json`) + the end-to-end overheads of the fit below.")
     return lines + [""] + notes
 
 
@@ -165,18 +170,19 @@ def _repeats_note(reps: list[dict]) -> str:
 def host_threads_table(run: dict) -> list[str]:
     """scripts/host_threads_ab.py: median seconds per transport of the arm on every core and labkit's default (every
     core but the engine's), transport-only and end to end, the arms interleaved sync by sync."""
-    cores = run.get("cpu_count") or 1
+    cores, used = run.get("cpu_count") or 1, run.get("threads", {})
     arm_a = next(k for k in run["arms"] if k != "default")
-    default = f"{max(1, cores - 1)} thread{'s' if cores > 2 else ''} (default)"
-    a = f"{run['arms'][arm_a]} threads"
+    n = used.get("default")  # recorded by the run; older runs did not say
+    default = "default" if n is None else f"{n} thread{'s' if n > 1 else ''} (default)"
+    a = f"{used.get(arm_a, run['arms'][arm_a])} threads"
     lines = md_head(["transport", f"transport-only, {a}", f"transport-only, {default}", f"end to end, {a}",
                      f"end to end, {default}"])
     med = run["median_s"]
     for t in dict.fromkeys(k.split("/")[0] for k in med):
         lines.append(_row([t, *(f"{med[f'{t}/{kind}/{arm}']:.3f}" for kind in ("transport_only", "end_to_end")
                                   for arm in (arm_a, "default"))]))
-    n = len(next(iter(run["samples_s"].values())))
-    return [*lines, "", f"Median of {n} syncs per arm and transport, {cores} cores."]
+    syncs = len(next(iter(run["samples_s"].values())))
+    return [*lines, "", f"Median of {syncs} syncs per arm and transport, {cores} cores."]
 
 
 def roofline_fit_table(run: dict) -> list[str]:
@@ -190,7 +196,8 @@ def roofline_fit_table(run: dict) -> list[str]:
     lines += ["", *md_head(["measure", "run", "used as", "tensors", "buckets", "measured", "predicted", "residual"])]
     for m, rows in run["roofline/fit_residuals"].items():
         for r in rows:
-            lines.append(_row([m.replace("_", "-"), r["run"], r["role"], f"{r['tensors']:,}", r["buckets"],
-                               f"{r['measured_s']:.4f} s", f"{r['predicted_s']:.4f} s",
-                               f"{r['residual_s'] * 1e3:+.1f} ms"]))
+            residual = round(r["residual_s"] * 1e3, 1) + 0.0  # no "-0.0" for a residual that is 0 by construction
+            lines.append(_row([m.replace("_", " ").replace("transport only", "transport-only"), r["run"], r["role"],
+                               f"{r['tensors']:,}", r["buckets"], f"{r['measured_s']:.4f} s",
+                               f"{r['predicted_s']:.4f} s", f"{residual:+.1f} ms"]))
     return lines

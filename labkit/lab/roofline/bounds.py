@@ -29,7 +29,7 @@ from labkit.config import check, check_choice
 # count_buckets, cpu_overheads and fit_overheads are re-exported: the roofline's callers need one module.
 from labkit.lab.roofline.tensors import ModelTensors, Weights, count_buckets, load_config, model_tensors  # noqa: F401
 from labkit.lab.roofline.overheads import (  # noqa: F401
-    Overheads, cpu_overheads, cpu_overheads_repeats, cpu_residuals, fit_overheads, fit_residuals)
+    Overheads, cpu_overheads, cpu_overheads_repeats, cpu_residuals, fit_overheads, fit_residuals, gpu_hash_gbps)
 
 GB, MB = 1e9, 1 << 20
 ROOT = Path(__file__).resolve().parents[3]

@@ -57,6 +57,7 @@ def run(s: rf.Scenario = REFERENCE, over: rf.Overheads | None = None) -> dict:
     repeats = rf.cpu_overheads_repeats() if cpu else []  # the CPU fits' spread: for the CPU fit only
     over = over or rf.cpu_overheads()
     e2e = rf.cpu_overheads(measure="end_to_end") if cpu else None
+    hash_gbps = rf.gpu_hash_gbps() if cpu else None
     ref = dataclasses.replace(REFERENCE, model=next(iter(REAL)))
     fields = ("per_bucket_s", "per_tensor_s", "per_call_s", "per_sync_s", "measured_on", "derivation")
     return {
@@ -73,7 +74,7 @@ def run(s: rf.Scenario = REFERENCE, over: rf.Overheads | None = None) -> dict:
                                        for o in repeats],
         "roofline/models": [model_summary(n, ref, over, repeats) for n in REAL],
         "roofline/transports": rf.transport_rows(s, over),
-        "roofline/published": rp.published_rows(e2e),
+        "roofline/published": rp.published_rows(e2e, hash_gbps),
     }
 
 
@@ -101,7 +102,7 @@ def published_table() -> list[dict]:
     labkit's end-to-end overheads; recorded as roofline/published."""
     from labkit.workbench import nb
 
-    rows = rp.published_rows(rf.cpu_overheads(measure="end_to_end"))
+    rows = rp.published_rows(rf.cpu_overheads(measure="end_to_end"), rf.gpu_hash_gbps())
     nb.record({"roofline/published": rows})
     return [{"system": r["system"], "model": r["model"], "hardware": r["hardware"], "mode": r["mode"],
              "published": r["published"], "bytes per sync": _bytes(r), "bound": r["bound"],

@@ -154,6 +154,8 @@ def fit_residuals(over: Overheads, measure: Measure, fitted: list[tuple[str, dic
             for role, runs in (("fitted", fitted), ("held out", held_out)) for name, r in runs]
     if curve_run is not None and measure == "transport_only" and fitted:
         bench_model, base = model_tensors("bench", "fp32"), fitted[0][1]
+        check(base["bench/num_tensors"] == bench_model.num_tensors, "fitted", fitted[0][0],
+              "the bench model's run first (the sweep's rows are the bench model at other bucket sizes)")
         for r in curve_run["tune/curve"]:
             if r["bucket_bytes"] >= largest_group_bytes(bench_model.tensors):
                 nb = count_buckets(bench_model.tensors, r["bucket_bytes"])
@@ -195,6 +197,17 @@ def cpu_overheads(bench_path: str | Path = DATA / "bench_sync_cpu.json",
                   measure: Measure = "transport_only") -> Overheads:
     """`fit_overheads` over the stored runs in data/."""
     return fit_overheads(*(json.loads(Path(p).read_text()) for p in (bench_path, curve_path, moe_path)), measure)
+
+
+GPU_HASH_RUN = "device_check_h100.json"  # labkit bench device on a lent H100: `device/hash_gbps`
+
+
+def gpu_hash_gbps(data_dir: str | Path = DATA) -> float:
+    """The rate of labkit's checksum on a GPU, as measured by the stored device run (its torch-only hash)."""
+    run = json.loads((Path(data_dir) / GPU_HASH_RUN).read_text())
+    rate = run.get("device/hash_gbps")
+    check(isinstance(rate, (int, float)) and rate > 0, GPU_HASH_RUN, rate, "a run with device/hash_gbps > 0")
+    return float(rate)
 
 
 HELD_OUT = ("bench_sync_fp8_bf16_cpu.json",)  # bench runs of other models the fit never sees

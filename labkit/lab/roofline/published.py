@@ -61,6 +61,10 @@ class Published:
         check((self.published_s is None) != (self.rate_gbps is None), "published_s", self.published_s,
               "a time, or None with rate_gbps given (exactly one of them)")
         check(bool(self.source), "source", self.source, "the publication the number comes from")
+        check(self.bucket_mb is None or (self.transport == "colocated" and isinstance(self.bucket_mb, (int, float))
+                                         and not isinstance(self.bucket_mb, bool) and self.bucket_mb > 0),
+              "bucket_mb", self.bucket_mb, "None, or a positive number of MiB on a colocated row (labkit's "
+              "end-to-end costs are a colocated sync's)")
 
 
 PUBLISHED: tuple[Published, ...] = (
@@ -115,10 +119,12 @@ PUBLISHED: tuple[Published, ...] = (
 )
 
 
-def evaluate(p: Published, over: Overheads | None = None) -> dict:
+def evaluate(p: Published, over: Overheads | None = None, hash_gbps: float | None = None) -> dict:
     """The row as the table shows it: bytes moved, the transport's bound and the fraction of its limit; with
-    `over` (overheads fitted end to end: a published time is what its users waited) and a published bucket size,
-    also the predicted seconds = bound + over's per-sync, per-bucket and per-tensor costs, like with like."""
+    `over` (overheads fitted end to end: a published time is what its users waited), a published bucket size and
+    `hash_gbps` (the rate of labkit's checksum on a GPU), also the seconds labkit's default sync would take there,
+    like with like: bound + two hash passes over each GPU's bytes (the trainer's and the engine's, which the
+    end-to-end fit counted with the bytes) + over's per-sync, per-bucket and per-tensor costs."""
     hw = hardware(p.hardware)
     row = {"system": p.system, "model": p.model_text, "hardware": p.hardware_text, "mode": p.mode,
            "transport": p.transport, "published": p.published_text, "published_s": p.published_s,
@@ -132,15 +138,15 @@ def evaluate(p: Published, over: Overheads | None = None) -> dict:
     b = bound(p.transport, mt.total_bytes, hw, p.layout)
     row = {**row, "bytes": mt.total_bytes, "params": mt.params, "tensors": mt.num_tensors, "bound_s": b.seconds,
            "bound": f"{fmt_seconds(b.seconds)}: {b.formula}", "fraction_of_limit": b.seconds / p.published_s}
-    if over is not None and p.bucket_mb is not None:
-        nb = mt.buckets(int(p.bucket_mb * MB))
-        row.update(buckets=nb, predicted_s=b.seconds + over.per_sync_s + nb * over.per_bucket_s
-                   + mt.num_tensors * over.per_tensor_s)
+    if over is not None and hash_gbps is not None and p.bucket_mb is not None:
+        nb, hashing = mt.buckets(int(p.bucket_mb * MB)), 2 * b.bytes / (hash_gbps * GB)
+        row.update(buckets=nb, hash_s=hashing, hash_gbps=hash_gbps, predicted_s=b.seconds + hashing
+                   + over.per_sync_s + nb * over.per_bucket_s + mt.num_tensors * over.per_tensor_s)
     return row
 
 
-def published_rows(over: Overheads | None = None) -> list[dict]:
-    return [evaluate(p, over) for p in PUBLISHED]
+def published_rows(over: Overheads | None = None, hash_gbps: float | None = None) -> list[dict]:
+    return [evaluate(p, over, hash_gbps) for p in PUBLISHED]
 
 
 def describe(row: dict) -> str:

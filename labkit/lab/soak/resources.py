@@ -28,8 +28,10 @@ def role(proc: psutil.Process) -> str:
         return "driver"
     try:
         title = " ".join(proc.cmdline()) or proc.name()
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
+    except psutil.NoSuchProcess:
         return "gone"
+    except psutil.AccessDenied:
+        return "unreadable"
     return next((r for prefix, r in ROLES if title.startswith(prefix)), proc.name())
 
 

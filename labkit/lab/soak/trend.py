@@ -13,6 +13,7 @@ import math
 import statistics
 from collections.abc import Sequence
 
+from labkit.config import check
 from labkit.mtp.stats import t975
 
 
@@ -36,10 +37,15 @@ def slope_ci95(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, list[fl
 
 def trend(xs: Sequence[float], ys: Sequence[float], per: int = 100, rel: float = 0.01) -> dict:
     """The drift of ys over xs (syncs), per `per` syncs, and whether it passes: `upward` False when the slope's
-    interval includes 0 or its upper end is below `rel` x |median| per `per` syncs; None when there is no interval."""
+    interval includes 0 or its upper end is below `rel` x |median| per `per` syncs; None when there is no interval.
+    `inconclusive`: the interval holds 0 but also reaches past that limit, so the run passes without having ruled a
+    drift that matters out (too short or too noisy a run): say so beside the verdict, do not read it as clean."""
+    check(isinstance(per, int) and not isinstance(per, bool) and per >= 1, "per", per, "an integer >= 1")
+    check(isinstance(rel, (int, float)) and not isinstance(rel, bool) and rel > 0, "rel", rel, "a positive number")
     slope, ci = slope_ci95(xs, ys)
     median = statistics.median(float(v) for v in ys)
     limit = rel * abs(median) / per  # the slope, per sync, below which a drift is too small to matter
     upward = None if ci is None else not (ci[0] <= 0.0 <= ci[1] or ci[1] < limit)
     return {"per": per, "slope_per": slope * per, "ci95_per": None if ci is None else [v * per for v in ci],
-            "median": median, "limit_per": limit * per, "upward": upward}
+            "median": median, "limit_per": limit * per, "upward": upward,
+            "inconclusive": None if ci is None else ci[0] <= 0.0 <= ci[1] and ci[1] >= limit}
