@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -84,7 +85,10 @@ def tp_size() -> int:
     Only that case is caught: SGLang 0.5.23 keeps `get_tensor_model_parallel_world_size` out of
     `sglang.srt.distributed`'s exports, and a swallowed ImportError read every engine as TP=1, so a TP=2 engine
     compiled TP=1 views and both schedulers died in the first apply (`start (128) + length (128) exceeds
-    dimension size (128)`)."""
+    dimension size (128)`). Without SGLang in the process (the torch-only data path `labkit bench device` runs on a
+    GPU machine that has no SGLang) there is no engine either: one rank."""
+    if "sglang" not in sys.modules:
+        return 1
     from sglang.srt.runtime_context import get_parallel  # SGLang is crossed here only
 
     try:
