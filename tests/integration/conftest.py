@@ -52,6 +52,20 @@ def gone_within(pids, seconds: float = 20.0) -> list[int]:
     return left
 
 
+def described(pids) -> list[str]:
+    """Each pid with its title and parent, so a leak names the process it is, not a number."""
+    import psutil
+
+    out = []
+    for p in pids:
+        try:
+            proc = psutil.Process(p)
+            out.append(f"{p} {' '.join(proc.cmdline())[:120] or proc.name()} (parent {proc.ppid()})")
+        except psutil.NoSuchProcess:
+            out.append(f"{p} (gone)")
+    return out
+
+
 def live(pids) -> list[int]:
     import psutil
 
@@ -91,5 +105,5 @@ def engine(engine_model_dir):
         if started_ray:
             runtime.shutdown()
     left = live([info["pid"], *info["children"]])
-    assert not left, f"engine shutdown left processes {left}"
+    assert not left, f"engine shutdown left processes {described(left)}"
     assert not shm_leftovers([info["pid"]]), f"engine shutdown left {shm_leftovers([info['pid']])}"
