@@ -101,9 +101,13 @@ def engine(engine_model_dir):
     try:
         yield handle
     finally:
+        try:  # the engine now serving (a test may have had it restarted): its processes are the ones to check
+            info = handle._b.ready()
+        except Exception:
+            pass
         handle.shutdown()
         if started_ray:
             runtime.shutdown()
-    left = live([info["pid"], *info["children"]])
+    left = gone_within([info["pid"], *info["children"]])  # ray.shutdown returns before killed workers exit
     assert not left, f"engine shutdown left processes {described(left)}"
     assert not shm_leftovers([info["pid"]]), f"engine shutdown left {shm_leftovers([info['pid']])}"

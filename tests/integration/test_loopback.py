@@ -16,7 +16,7 @@ from labkit.compat import loopback
 from labkit.config import ParallelSpec, TrainConfig
 from labkit.sync import SyncConfig, sync
 from labkit import failpoints as fp
-from tests.integration.conftest import restore_model_dir
+from tests.integration.conftest import described, restore_model_dir
 
 pytestmark = pytest.mark.integration
 
@@ -46,6 +46,7 @@ def test_every_listener_is_loopback_while_a_distributed_sync_is_held_mid_way(eng
     from labkit.tasks import arith
     from labkit.trainer.group import Trainer
 
+    info = engine._b.ready()  # the engine actor's pid and SGLang's processes under it
     trainer = Trainer(str(engine_model_dir), ParallelSpec(), TrainConfig(lr=3e-3))
     work = Path(tempfile.mkdtemp(prefix="labkit_listen_"))
     marker, gate = str(work / "marker"), work / "gate"
@@ -65,10 +66,11 @@ def test_every_listener_is_loopback_while_a_distributed_sync_is_held_mid_way(eng
         gate.unlink()
         t.join(timeout=180)
         assert out.get("sync/verified") is True, out
-        names = {x["process"] for x in found}
-        # The listing really covers Ray's servers, the trainer, the engine and SGLang's scheduler.
-        assert {"gcs_server", "raylet"} <= names and any("TrainerRank" in n for n in names), names
-        assert any("EngineActor" in n for n in names) and any("sglang" in n for n in names), names
+        names, pids = {x["process"] for x in found}, {x["pid"] for x in found}
+        # The listing really covers Ray's servers, the trainer, the engine and SGLang's scheduler (found by pid:
+        # the engine's own children, so a process title cannot hide it).
+        assert {"gcs_server", "raylet"} <= names and any("TrainerRank" in n for n in names), sorted(names)
+        assert info["pid"] in pids and pids & set(info["children"]), (info, described(info["children"]), found)
         assert not loopback.exposed(found), f"listeners not on loopback: {loopback.exposed(found)}"
     finally:
         gate.unlink(missing_ok=True)
