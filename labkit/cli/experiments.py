@@ -1,6 +1,7 @@
-"""`labkit mtp-experiment` and `labkit faults`: the experiments whose runs live in data/. Their flags are the fields
-of ExperimentConfig (and its RLConfig and TrainConfig) and of FaultsConfig, with `None` meaning "the config's value"
-where --quick changes it; `ExperimentFlags` and `FaultsFlags` hold the few flags those configs do not."""
+"""`labkit mtp-experiment`, `labkit faults` and `labkit soak`: the experiments whose runs live in data/. Their flags
+are the fields of ExperimentConfig (and its RLConfig and TrainConfig), FaultsConfig and SoakConfig, with `None`
+meaning "the config's value" where --quick changes it; `ExperimentFlags` and `FaultsFlags` hold the few flags those
+configs do not."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from labkit.cli.output import Output, emit, write_run
 from labkit.config import add_arguments, check, choices
 from labkit.lab.faults.plan import QUICK_KINDS, FaultsConfig
+from labkit.lab.soak.config import SoakConfig
 from labkit.mtp.experiment import ExperimentConfig
 from labkit.mtp.rl import RLConfig, rl_train_config
 
@@ -100,13 +102,27 @@ def cmd_faults(args) -> int:
     return 0 if ok and out["faults/served_mid_sync"] == 0 else 1
 
 
+SOAK = ("minutes", "seed", "fault_every", "warmup", "accept_every", "clients", "pause_mode")
+
+
+def cmd_soak(args) -> int:
+    from labkit.lab.soak.run import run
+
+    # Validate every flag before anything starts (SoakConfig names the bad value).
+    cfg = SoakConfig(**{f: getattr(args, f) for f in SOAK}, progress=not args.json)
+    out = run(cfg)
+    write_run(out, args.out)
+    emit({k: v for k, v in out.items() if k != "soak/series"}, args.json)
+    return 0 if out["soak/ok"] else 1
+
+
 def _quick_notes(full: object, quick: object, fields: tuple[str, ...]) -> dict[str, str]:
     """{field: "(--quick: V)"} where ExperimentConfig.quick() sets another value than the default."""
     return {f: f"(--quick: {getattr(quick, f)})" for f in fields if getattr(quick, f) != getattr(full, f)}
 
 
 def add_commands(sub) -> None:
-    """mtp-experiment, faults: the experiments whose runs live in data/."""
+    """mtp-experiment, faults, soak: the experiments whose runs live in data/."""
     d = sub.add_parser("mtp-experiment",
                        help="RL with the MTP draft: arms frozen/trained/unsynced x seeds, acceptance per step")
     full, quick = ExperimentConfig(), ExperimentConfig.quick()
@@ -128,3 +144,8 @@ def add_commands(sub) -> None:
     add_arguments(d, FaultsFlags, ("rows",))
     add_arguments(d, Output, ("out", "json"))
     d.set_defaults(fn=cmd_faults)
+
+    d = sub.add_parser("soak", help="an RL run's worth of syncs into two serving engines, with faults: leaks, drift")
+    add_arguments(d, SoakConfig, SOAK)
+    add_arguments(d, Output, ("out", "json"))
+    d.set_defaults(fn=cmd_soak)

@@ -17,6 +17,11 @@ from labkit.compat import loopback, quiet
 
 START_ATTEMPTS = 3
 log = logging.getLogger(__name__)
+# Options of every labkit actor (trainer ranks, engine actors). Task events off: by default Ray records every actor
+# call in the GCS for the dashboard's task table and keeps up to 100,000 (`task_events_max_num_task_in_gcs`), so
+# the GCS's memory grew sync after sync (one sync is dozens of actor calls; `labkit soak` judges the GCS's slope
+# like every other process's). labkit reads no task state.
+ACTOR_OPTIONS = {"enable_task_events": False}
 
 
 def node_ip() -> str:

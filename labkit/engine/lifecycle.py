@@ -60,7 +60,7 @@ def start_actor(cfg: EngineConfig, scheduling_strategy=None) -> tuple[ActorBacke
     import ray
 
     runtime.init()
-    opts = {"scheduling_strategy": scheduling_strategy} if scheduling_strategy is not None else {}
+    opts = {**runtime.ACTOR_OPTIONS, **({"scheduling_strategy": scheduling_strategy} if scheduling_strategy else {})}
     actor = remote_class(num_gpus=0 if cpu() else cfg.tp).options(**opts).remote(cfg)
     backend = ActorBackend(actor, cfg.call_timeout_s)
     try:

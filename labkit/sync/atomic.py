@@ -111,7 +111,7 @@ class Guard:
         except EngineUnreachable:  # died since the last sync: bring back what it served, then go on
             if (good := self.store.good) is None:
                 raise
-            self.restore(good["checksums"], good["version"], dtype, cfg.timeout_s)
+            self.restore(good["checksums"], good["version"], dtype, cfg.timeout_s, cfg.pause_mode)
             before, v_before = engine.checksums(), engine.weight_version
         self._ensure_last_good(before, v_before, dtype, spec)
         version = weight_version or f"v{self.synced + 1}"
@@ -171,7 +171,7 @@ class Guard:
              "sync/trainer_alive": not isinstance(err, (TrainerDied, KeyboardInterrupt)),  # Ctrl-C: fenced, as if hung
              "sync/engine_restarted": False, "timing/sync/failed_after": round(took, 6)}
         try:
-            restarted = self.restore(before, v_before, dtype, cfg.timeout_s)
+            restarted = self.restore(before, v_before, dtype, cfg.timeout_s, cfg.pause_mode)
             m.update({"sync/restored": True, "sync/engine_restarted": restarted,
                       "sync/modified_before_restore": self.modified, "sync/weight_version": v_before})
             state = (f"the engine serves {v_before!r} again (bitwise, {len(before)} tensors checked)"
@@ -183,8 +183,9 @@ class Guard:
         hint = "; the trainer is gone: start a new one" if not m["sync/trainer_alive"] else ""
         return SyncFailed(f"sync to {version!r} failed: {cause}; {state}{hint}", m)
 
-    def restore(self, before: dict, v_before: str, dtype: str, timeout_s: float) -> bool:
-        """Bring the engine back to the weights whose checksums are `before`; True if it was restarted."""
+    def restore(self, before: dict, v_before: str, dtype: str, timeout_s: float, pause_mode: str = "abort") -> bool:
+        """Bring the engine back to the weights whose checksums are `before`; True if it was restarted.
+        `pause_mode`: the failed sync's (SyncConfig.pause_mode), kept while restoring (see `_restore_into`)."""
         bounded = self.engine.portable(call_timeout_s=timeout_s)
         try:
             alive = bounded.health()
@@ -192,7 +193,7 @@ class Guard:
             alive = False
         if alive:
             try:
-                self._restore_into(bounded, before, v_before, dtype, restarted=False)
+                self._restore_into(bounded, before, v_before, dtype, restarted=False, pause_mode=pause_mode)
                 return False
             except EngineUnreachable:  # answers /health but not the calls that matter: wedged
                 pass
@@ -201,8 +202,11 @@ class Guard:
         self._restore_into(self.engine, before, v_before, dtype, restarted=True)
         return True
 
-    def _restore_into(self, engine, before: dict, v_before: str, dtype: str, restarted: bool) -> None:
-        engine.pause_generation()
+    def _restore_into(self, engine, before: dict, v_before: str, dtype: str, restarted: bool,
+                      pause_mode: str = "abort") -> None:
+        # Paused in the failed sync's mode: under "retract" the requests the sync moved back to the waiting queue
+        # wait for the restored weights; an "abort" pause here would refuse every one of them.
+        engine.pause_generation(pause_mode)
         if not restarted:
             for step in (engine.end_weight_update, lambda: engine.destroy_weights_update_group(
                     "labkit_weight_update")):

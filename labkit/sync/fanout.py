@@ -22,7 +22,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-from labkit.engine.errors import EngineError
+from labkit.cluster.placement import cross_node
+from labkit.engine.errors import EngineError, EngineUnreachable
 from labkit.sync import lastgood
 from labkit.sync.atomic import Guard, SyncFailed
 from labkit.sync.producer import Producer
@@ -39,14 +40,25 @@ class EngineGroup:
     def __init__(self, members: list, ids: list[int] | None = None):
         self.members, self.seconds = list(members), [0.0] * len(members)
         self.ids = list(range(len(members))) if ids is None else list(ids)  # the engines' indices, for metrics
+        self.unreachable: set[int] = set()  # members that did not answer a call: not asked again by this group
 
     def _all(self, method: str, *args, per_member=None, **kwargs) -> list:
-        """`method` on every member at once; every member's answer, or the first member's error once all ended."""
+        """`method` on every member at once; every member's answer, or the first member's error once all ended.
+
+        A member that did not answer (EngineUnreachable: dead, or its call timed out) is not asked again: the
+        calls that follow a failure (closing the session, the group) would each wait out its timeout in turn,
+        and a hung engine held the whole sync until its deadline killed the trainer. The others still get them."""
         def call(i):
+            if i in self.unreachable:
+                raise EngineUnreachable(f"engine {self.ids[i]} did not answer an earlier call of this sync ({method} "
+                                        "not sent)")
             t0 = time.perf_counter()
             try:
                 kw = {**kwargs, **(per_member(i) if per_member else {})}
                 return getattr(self.members[i], method)(*args, **kw)
+            except EngineUnreachable:
+                self.unreachable.add(i)
+                raise
             finally:
                 self.seconds[i] += time.perf_counter() - t0
 
@@ -78,9 +90,14 @@ class EngineGroup:
                          per_member=lambda i: {"rank_offset": offsets[i]})[0]
 
     def node(self) -> dict:
+        """One place when no member is known to run on another node than the others, else "several" (a transport
+        that hands over a shared-memory handle is then refused). An HTTP server has no Ray node id, only its URL's
+        host: it is on another node than a Ray actor only where two routable addresses say so
+        (labkit.cluster.placement.cross_node), as for a single server."""
         nodes = [m.node() for m in self.members]
-        same = all(n.get("node_id") == nodes[0].get("node_id") for n in nodes)
-        return nodes[0] if same else {"node_id": "several", "node_ip": nodes[0].get("node_ip")}
+        if any(cross_node(a, b) for a in nodes for b in nodes):
+            return {"node_id": "several", "node_ip": nodes[0].get("node_ip")}
+        return next((n for n in nodes if n.get("node_id")), nodes[0])
 
     def checksums(self) -> dict:
         """The first member's (the Syncer verifies one engine; `Replicas` compares every other with it)."""
@@ -223,7 +240,7 @@ class Replicas:
 
     def _restore(self, i: int, checksums: dict, version: str, dtype: str, cfg) -> None:
         self.guards[i]._restore_into(self.engines[i].portable(call_timeout_s=cfg.timeout_s), checksums, version,
-                                     dtype, restarted=False)
+                                     dtype, restarted=False, pause_mode=cfg.pause_mode)
 
     def _healthy(self, i: int) -> bool:
         try:
@@ -231,13 +248,14 @@ class Replicas:
         except EngineError:
             return False
 
-    def revive(self, i: int, timeout_s: float = 120.0) -> None:
-        """Bring fenced engine `i` back: restart it if it died, load the last good weights, unfence it."""
+    def revive(self, i: int, timeout_s: float = 120.0, pause_mode: str = "abort") -> None:
+        """Bring fenced engine `i` back: restart it if it died, load the last good weights, unfence it.
+        `pause_mode`: how it pauses meanwhile (retract keeps requests it holds waiting, labkit.sync.atomic)."""
         good = self.store.good
         if good is None:
             raise EngineError("no last good weights yet: sync the replicas first")
         dtype = checked_expected(self.engines[0], ())["dtype"]
-        self.guards[i].restore(good["checksums"], good["version"], dtype, timeout_s)
+        self.guards[i].restore(good["checksums"], good["version"], dtype, timeout_s, pause_mode)
         self.fenced.discard(i)
 
     def close(self) -> None:

@@ -41,7 +41,7 @@ class Trainer:
         actor = ray.remote(TrainerRank)
         self.actors = []
         for r in range(world):
-            opts = {"num_cpus": 1, "num_gpus": gpu}
+            opts = {"num_cpus": 1, "num_gpus": gpu, **runtime.ACTOR_OPTIONS}
             if placement is not None:
                 opts["scheduling_strategy"] = placement.strategy(f"trainer:{r}")
             self.actors.append(actor.options(**opts).remote(parallel=self.parallel, train=self.train_cfg,

@@ -82,6 +82,7 @@ def test_tune_cli_sweeps_under_budget_and_autotunes(clis):
     (["sync", "--bucket-mb", "0"], "bucket_mb='0'"), (["sync", "--bucket-mb", "abc"], "bucket_mb='abc'"),
     (["sync", "--bucket-mb", "-1"], "bucket_mb='-1'"), (["sync", "--transport", "pigeon"], "transport='pigeon'"),
     (["sync", "--bucket-mb", "64", "--memory-budget-mb", "100"], "bucket_mb=64"),
+    (["soak", "--minutes", "0"], "minutes='0'"), (["soak", "--pause-mode", "in_place"], "in_place"),
 ])
 def test_bad_cli_flags_fail_before_anything_starts(args, match):
     rc, out, err = _labkit(*args, timeout=60)

@@ -23,6 +23,7 @@ QUICK = {
     "04_bucket_tuning": {"MODEL": "tiny", "MIN_MB": 0.0625, "MAX_MB": 0.5, "MEMORY_BUDGET_MB": 1.0, "REPEATS": 1,
                          "MAX_TRIALS": 2, "STEPS": 0},
     "05_sync_roofline": {"MODEL": "moonlight-16b-a3b", "HARDWARE": "H20"},
+    "06_soak": {},  # the stored run (a fresh soak is tests/integration/test_soak.py)
 }
 
 
@@ -101,6 +102,14 @@ def test_05_roofline_writes_its_tables_and_figure(out_root):
     assert json.loads((d / "published_systems.json").read_text()) and (d / "transport_bounds.json").exists()
 
 
+def test_06_soak_draws_the_stored_run(out_root):
+    """No Ray, trainer or engine: the stored soak's numbers recorded, its table and both figures drawn."""
+    m = _run("06_soak", out_root)
+    assert m["soak/syncs"] > 0 and m["soak/minutes"] == 20 and "soak/ok" in m
+    d, nb = _outputs(m, "06_soak")
+    assert _has_plotly(nb) and (d / "soak_memory.html").exists() and (d / "soak_sync_times.html").exists()
+
+
 @pytest.mark.parametrize("name,params,needle", [
     ("01_weight_update", {"STPES": 2}, "unknown parameter 'STPES' (did you mean 'STEPS'?)"),
     ("01_weight_update", {"BUCKET_MB": "big"}, "BUCKET_MB='big' is invalid: expected a number"),
@@ -109,6 +118,7 @@ def test_05_roofline_writes_its_tables_and_figure(out_root):
     ("04_bucket_tuning", {"MODEL": "huge"}, "MODEL='huge' is invalid: expected one of 'tiny', 'quick', 'bench'"),
     ("02_rollout", {"TRANSPORT": "carrier-pigeon"}, "TRANSPORT='carrier-pigeon' is invalid: expected one of"),
     ("05_sync_roofline", {"HARDWARE": "A100"}, "HARDWARE='A100' is invalid: expected one of"),
+    ("06_soak", {"MINUTES": -1}, "MINUTES=-1 is invalid"),
 ])
 def test_bad_parameter_fails_at_the_validation_cell(name, params, needle, out_root):
     with pytest.raises(notebook.NotebookError) as e:

@@ -9,7 +9,8 @@ pytestmark = pytest.mark.integration
 
 
 def test_requests_during_syncs_wait_and_never_mix_versions():
-    cfg = sb.ServeBenchConfig(modes=("abort", "retract"), syncs=1, clients=3, max_requests=40, max_seconds=45)
+    """abort mode on the HTTP server; retract runs there in the soak, under hundreds of syncs (test_soak.py)."""
+    cfg = sb.ServeBenchConfig(modes=("abort",), syncs=1, clients=3, max_requests=40, max_seconds=45)
     out = sb.run(cfg, progress=False)
     print({k: v for k, v in out.items() if k != "serve/definitions"})
     assert out["serve/prompts_changed_total"] > 0, "syncs that change no greedy output test nothing"

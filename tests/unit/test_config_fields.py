@@ -17,8 +17,10 @@ from labkit.sync.config import SyncConfig
 from labkit.workbench import nb
 from labkit.lab.faults.plan import FaultsConfig
 from labkit.lab.bench.serve import ServeBenchConfig
+from labkit.lab.soak.config import SoakConfig
 
-CONFIGS = (TrainConfig, SyncConfig, EngineConfig, SpeculativeConfig, RLConfig, ServeBenchConfig, FaultsConfig)
+CONFIGS = (TrainConfig, SyncConfig, EngineConfig, SpeculativeConfig, RLConfig, ServeBenchConfig, FaultsConfig,
+           SoakConfig)
 
 
 def test_allowed_values_come_from_the_literal():
@@ -143,7 +145,7 @@ def test_every_flag_is_a_config_field_with_its_docstring():
     configs = (SyncConfig, EngineConfig, ParallelSpec, PlacementSpec, ServeBenchConfig, FaultsConfig, ExperimentConfig,
                RLConfig, TrainConfig, Scenario, Layout, output.Output, output.ModelFlags, main_job.JobConfig,
                lab.BenchConfig, lab.TuneConfig, lab.ReportConfig, lab.PretrainConfig, lab.RooflineConfig,
-               experiments.ExperimentFlags, experiments.FaultsFlags, notebooks.NotebookRunConfig)
+               experiments.ExperimentFlags, experiments.FaultsFlags, notebooks.NotebookRunConfig, SoakConfig)
     docs = {d for cls in configs for d in field_docs(cls).values()}
     seen = 0
     for argv, sp in _subparsers(cli.build_parser()):

@@ -5,12 +5,13 @@ import pickle
 
 import pytest
 
+from labkit.engine.errors import EngineUnreachable
 from labkit.sync.fanout import EngineGroup, Replicas
 
 
 class Member:
-    def __init__(self, tp=1, node="n1", fail=False):
-        self.tp_size, self._node, self.fail, self.calls = tp, node, fail, []
+    def __init__(self, tp=1, node="n1", fail=False, ip="127.0.0.1"):
+        self.tp_size, self._node, self.fail, self.calls, self._ip = tp, node, fail, [], ip
 
     def init_weights_update_group(self, **kw):
         self.calls.append(("init", kw))
@@ -22,8 +23,14 @@ class Member:
             raise RuntimeError("engine gone")
         return "ok"
 
+    def update_weights_from_tensor(self, named):
+        self.calls.append(("update", {}))
+        if self.fail:
+            raise EngineUnreachable("did not answer within 10 s")
+        return "ok"
+
     def node(self):
-        return {"node_id": self._node, "node_ip": "127.0.0.1"}
+        return {"node_id": self._node, "node_ip": self._ip}
 
     def checksums(self):
         self.calls.append(("checksums", {}))
@@ -83,3 +90,26 @@ def test_replicas_refuse_a_sync_that_reaches_one_engine_only_before_any_call():
         assert all(not m.calls for m in members) and r.synced == 0
     finally:
         r.close()
+
+
+def test_an_http_server_beside_a_ray_actor_engine_is_one_place_unless_addresses_say_otherwise():
+    """An HTTP engine has no Ray node id (its URL's host stands for it): beside an actor engine on this machine
+    the group is that actor's node, so colocated syncs reach both (the soak found them refused as "several")."""
+    actor, server = Member(node="n1"), Member(node=None)
+    assert EngineGroup([server, actor]).node() == {"node_id": "n1", "node_ip": "127.0.0.1"}
+    far = Member(node=None, ip="10.0.0.9")
+    assert EngineGroup([Member(node="n1", ip="10.0.0.1"), far]).node()["node_id"] == "several"
+
+
+def test_a_member_that_did_not_answer_is_not_asked_again_while_the_others_are():
+    """A hung engine's calls each wait out the call timeout: after its first, the group stops asking it, so
+    the calls that close a failed sync reach the live engines at once instead of the sync's deadline."""
+    live, hung = Member(), Member(fail=True)
+    g = EngineGroup([live, hung])
+    with pytest.raises(EngineUnreachable):
+        g.update_weights_from_tensor([])
+    hung.fail = False  # it would answer now: it is still not asked
+    with pytest.raises(EngineUnreachable, match="did not answer an earlier call"):
+        g.end_weight_update()
+    assert live.calls == [("update", {}), ("end", {})] and hung.calls == [("update", {})]
+

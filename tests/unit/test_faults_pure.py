@@ -268,7 +268,7 @@ def test_served_mid_sync_is_an_answer_before_the_hold_ends(tmp_path, monkeypatch
 
     monkeypatch.setattr(harness, "PROBE_S", 0.2)
     monkeypatch.setattr(ray, "kill", lambda actor, no_restart: over.set())  # the sync ends at the kill
-    killer = harness._Killer(str(marker), str(gate), Engine(), object() if case == "killed" else None, limit_s=5)
+    killer = harness.Killer(str(marker), str(gate), Engine(), object() if case == "killed" else None, limit_s=5)
     killer.start()
     killer.join(timeout=5)
     threading.Event().wait(0.1)  # a held probe is answered once the hold ends

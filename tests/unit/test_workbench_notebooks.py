@@ -16,7 +16,8 @@ NAMES = notebook.names()
 
 
 def test_notebooks_are_paired_and_stripped():
-    assert NAMES == ["01_weight_update", "02_rollout", "03_acceptance_rate", "04_bucket_tuning", "05_sync_roofline"]
+    assert NAMES == ["01_weight_update", "02_rollout", "03_acceptance_rate", "04_bucket_tuning", "05_sync_roofline",
+                     "06_soak"]
     assert notebook.check_pairs() == []
 
 

@@ -54,7 +54,7 @@ def run(cfg: FaultsConfig | None = None) -> dict:
     return summarize(rows, cfg, time.perf_counter() - t0, restarts)
 
 
-class _Killer(threading.Thread):
+class Killer(threading.Thread):
     """Waits for a `wait` failpoint's marker, probes the engine (no answer may come back while the sync is held
     mid-way: a refusal or a request held until the sync ends are both right), kills `target` with ray.kill
     (None: probe only), then opens the gate.
@@ -103,6 +103,41 @@ class _Killer(threading.Thread):
         self._done.set()
 
 
+def about_to_send(trainer, spec: dict, scfg) -> tuple[dict, int, int]:
+    """Checksums of what `trainer` would send now (the engines' layout and dtype, `spec`), its bucket count, and
+    how many fused q/k/v groups it holds (where an engine-side fault can land)."""
+    named = trainer.export()
+    dt = bk.torch_dtype(spec["dtype"])
+    plan = make_plan(metas_of(named), scfg, spec["dtype"])
+    n_groups = sum(".k_proj." in n for n, _ in named)
+    return vf.expected_checksums({n: t.to(dt) for n, t in named}), len(plan.buckets), n_groups
+
+
+def arm_fault(t: Trial, trainer_actor, engine, n_buckets: int, n_groups: int, tmp: str,
+              deadline_s: float) -> Killer | None:
+    """Arm trial `t`'s fault: a trainer-side failpoint in `trainer_actor`, an engine-side one in `engine`'s actor
+    (which its SGLang scheduler reads). The marker (`{tmp}/fault_reached`) is written where the fault fires, in
+    whatever process that is. A `wait` fault gets its Killer (started): it kills the trainer rank, or the engine's
+    actor for `engine_killed`, once the point is reached."""
+    wait = {"marker": f"{tmp}/fault_reached", "gate": f"{tmp}/fault_gate", "limit_s": deadline_s * 4}
+    Path(wait["gate"]).touch()  # a hang's gate is never opened by the harness: the sync's deadline ends it
+    if t.point == "engine.apply":  # before the k of the nth fused group: its q is written already
+        nth = min(1 + int(t.frac * n_groups), n_groups)
+        fpt.arm_in_actor(engine._actor, t.point, t.action, nth, match=".k_proj.", limit_s=deadline_s * 4,
+                         marker=wait["marker"])
+    else:
+        per_bucket = t.point in ("sync.bucket", "transport.send", "bucket.pack")
+        nth = min(1 + int(t.frac * n_buckets), n_buckets) if per_bucket else 1
+        kw = wait if t.action in ("wait", "hang") else {"marker": wait["marker"]}
+        fpt.arm_in_actor(trainer_actor, t.point, t.action, nth, **kw)
+    if t.action != "wait":
+        return None
+    target = engine._actor if t.kind == "engine_killed" else trainer_actor
+    killer = Killer(wait["marker"], wait["gate"], engine, target, deadline_s)
+    killer.start()
+    return killer
+
+
 class Harness:
     def __init__(self, cfg: FaultsConfig, workdir: str):
         self.cfg, self.workdir = cfg, workdir
@@ -119,41 +154,18 @@ class Harness:
         self.restarts["trainer"] += 1
 
     def _about_to_send(self, scfg) -> tuple[dict, int, int]:
-        """Checksums of what the trainer would send now (engine layout and dtype), its bucket count, and how
-        many fused q/k/v groups it holds (where an engine-side fault can land)."""
-        named = self.wb.trainer.export()
-        dt = bk.torch_dtype(self.spec["dtype"])
-        plan = make_plan(metas_of(named), scfg, self.spec["dtype"])
-        n_groups = sum(".k_proj." in n for n, _ in named)
-        return vf.expected_checksums({n: t.to(dt) for n, t in named}), len(plan.buckets), n_groups
+        return about_to_send(self.wb.trainer, self.spec, scfg)
 
-    def _arm(self, t: Trial, n_buckets: int, n_groups: int, tmp: str) -> _Killer | None:
-        """Arm the trial's fault (and a probe at sync.begin where the fault itself holds nothing). The fault's
-        marker (`{tmp}/fault_reached`) is written where it fires, in whatever process that is."""
-        wb, engine, cfg = self.wb, self.wb.engine, self.cfg
-        trainer0 = wb.trainer.actors[0]
-        # The fault's own gate (a hang is never released by the harness) and the probe's, apart.
-        wait, probe = ({"marker": f"{tmp}/{k}_reached", "gate": f"{tmp}/{k}_gate", "limit_s": cfg.deadline_s * 4}
-                       for k in ("fault", "probe"))
-        Path(wait["gate"]).touch()
+    def _arm(self, t: Trial, n_buckets: int, n_groups: int, tmp: str) -> Killer | None:
+        """Arm the trial's fault, and a probe at sync.begin where the fault itself holds nothing."""
+        trainer0 = self.wb.trainer.actors[0]
+        killer = arm_fault(t, trainer0, self.wb.engine, n_buckets, n_groups, tmp, self.cfg.deadline_s)
+        if killer is not None or t.point == "sync.begin":
+            return killer
+        probe = {"marker": f"{tmp}/probe_reached", "gate": f"{tmp}/probe_gate", "limit_s": self.cfg.deadline_s * 4}
         Path(probe["gate"]).touch()
-        if t.point == "engine.apply":  # before the k of the nth fused group: its q is written already
-            nth = 1 + int(t.frac * n_groups)
-            fpt.arm_in_actor(engine._actor, t.point, t.action, min(nth, n_groups), match=".k_proj.",
-                             limit_s=cfg.deadline_s * 4, marker=wait["marker"])
-        else:
-            per_bucket = t.point in ("sync.bucket", "transport.send", "bucket.pack")
-            nth = min(1 + int(t.frac * n_buckets), n_buckets) if per_bucket else 1
-            kw = wait if t.action in ("wait", "hang") else {"marker": wait["marker"]}
-            fpt.arm_in_actor(trainer0, t.point, t.action, nth, **kw)
-        if t.action == "wait":
-            target = engine._actor if t.kind == "engine_killed" else trainer0
-            killer = _Killer(wait["marker"], wait["gate"], engine, target, cfg.deadline_s)
-        elif t.point != "sync.begin":
-            fpt.arm_in_actor(trainer0, "sync.begin", "wait", 1, **probe)
-            killer = _Killer(probe["marker"], probe["gate"], engine, None, cfg.deadline_s)
-        else:
-            return None
+        fpt.arm_in_actor(trainer0, "sync.begin", "wait", 1, **probe)
+        killer = Killer(probe["marker"], probe["gate"], self.wb.engine, None, self.cfg.deadline_s)
         killer.start()
         return killer
 
@@ -186,7 +198,7 @@ class Harness:
         took = time.perf_counter() - t0
         if killer is not None:
             killer.join(timeout=cfg.deadline_s)
-        fired = _fired(t, tmp, killer, err)
+        fired = fault_fired(t, tmp, killer, err)
         shutil.rmtree(tmp, ignore_errors=True)
         trainer_alive = self._disarm(engine)
         if m.get("sync/engine_restarted"):
@@ -201,7 +213,7 @@ class Harness:
 
     def _disarm(self, engine) -> bool:
         """Disarm trainer and engine; restart a trainer the fault killed. True if the trainer had survived."""
-        alive = _alive(self.wb.trainer)
+        alive = trainer_answers(self.wb.trainer)
         if alive:
             fpt.disarm_in_actor(self.wb.trainer.actors[0])
         else:
@@ -236,7 +248,7 @@ class Harness:
                 "modified_then_restored": bool(m.get("sync/modified_before_restore")) and state == "old"}
 
 
-def _fired(t: Trial, tmp: str, killer: _Killer | None, err: Exception | None) -> bool:
+def fault_fired(t: Trial, tmp: str, killer: Killer | None, err: Exception | None) -> bool:
     """Proof the trial's fault happened: its failpoint's marker was written where it fired (and, for a kill, the
     process was killed there); a bad tensor, the sync refused it."""
     if t.kind == "bad_tensor":
@@ -262,7 +274,7 @@ def _bad_spec(spec: dict, rng: random.Random) -> dict:
     return {**spec, "tensors": tensors}
 
 
-def _alive(trainer) -> bool:
+def trainer_answers(trainer) -> bool:
     import ray
 
     try:

@@ -49,7 +49,7 @@ WRITERS = (*APPLIED, "direct")
 DELTA_KINDS = ("exception", "apply_crash", "apply_hang", "corrupt_in_transit")
 SPEC = ModelSpec(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128, seed=0)
 # kind -> (failpoint, action, transports it applies to); None point: the fault is in the input
-_FAULTS = {
+FAULTS = {
     "exception": (None, "raise", WRITERS),
     "trainer_killed": (None, "wait", WRITERS),
     "trainer_killed_packing": ("bucket.pack", "wait", FLATTENED),
@@ -110,7 +110,7 @@ def plan_trials(n: int, seed: int, kinds: tuple[str, ...] = KINDS) -> list[Trial
     rng, out, turns = random.Random(seed), [], {}
     while len(out) < n:
         for kind in rng.sample(list(kinds), len(kinds)):
-            point, action, transports = _FAULTS[kind]
+            point, action, transports = FAULTS[kind]
             turns[kind] = turns.get(kind) or rng.sample(list(transports), len(transports))
             transport = turns[kind].pop()
             if point is None and action is not None:  # a sync point (the broadcast too, where there is one)

@@ -18,6 +18,7 @@ from labkit.lab.report.bench import bench_table, family_syncs_table, repeats_tab
 from labkit.lab.report.device import device_table
 from labkit.lab.report.mtp import drafts_table, mtp_table
 from labkit.lab.report.replication import replication_table
+from labkit.lab.report.soak import soak_table
 from labkit.lab.report.tables import (codec_table, delta_table, faults_table, host_threads_table,
                                       roofline_fit_table, roofline_models_table, roofline_table, serve_table)
 from labkit.lab.roofline.overheads import stored_pairs
@@ -42,7 +43,8 @@ TABLES = {"mtp": ("mtp_experiment_cpu.json", mtp_table),
           "host-threads": ("host_threads_ab_cpu.json", host_threads_table),
           "roofline": ("roofline_published.json", roofline_table),
           "roofline-models": ("roofline_published.json", roofline_models_table),
-          "roofline-fit": ("roofline_published.json", roofline_fit_table)}
+          "roofline-fit": ("roofline_published.json", roofline_fit_table),
+          "soak": ("soak_cpu.json", soak_table)}
 
 
 # several runs of one bench, not paired with the MTP run
@@ -203,10 +205,16 @@ def figures(data_dir: Path = DATA, out_dir: Path = ROOT / "docs" / "figures") ->
     from labkit.workbench import viz
     from labkit.lab.report.mtp import draft_rows
 
-    out: dict = {}
+    from labkit.workbench import viz_soak
+
+    out, figs = {}, {}
     if any(data_dir.glob("mtp_sweep_*.json")):
-        fig = viz.draft_schedules(draft_rows(*_runs(data_dir, "mtp_sweep_*.json")))
-        path = out_dir / "mtp_draft_schedules.png"
+        figs["mtp_draft_schedules.png"] = viz.draft_schedules(draft_rows(*_runs(data_dir, "mtp_sweep_*.json")))
+    if (data_dir / "soak_cpu.json").is_file():
+        soak = json.loads((data_dir / "soak_cpu.json").read_text())
+        figs.update({"soak_memory.png": viz_soak.memory(soak), "soak_sync_times.png": viz_soak.sync_times(soak)})
+    for name, fig in figs.items():
+        path = out_dir / name
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
             fig.write_image(path, scale=1.5)

@@ -32,12 +32,18 @@ def role(proc: psutil.Process) -> str:
         return "gone"
     except psutil.AccessDenied:
         return "unreadable"
+    if "sglang.launch_server" in title:  # labkit's HTTP engine: `python -m sglang.launch_server ...`
+        return "http server"
+    if "/ray/" in title and ".py" in title:  # Ray's own Python processes: log monitor, dashboard, monitor
+        script = next(w for w in title.split() if w.endswith(".py"))
+        return "ray " + script.rsplit("/", 1)[-1][:-3]
     return next((r for prefix, r in ROLES if title.startswith(prefix)), proc.name())
 
 
 def processes(roots: Iterable[int]) -> list[dict]:
-    """Every live process under `roots` (each root and its descendants, once): pid, role, resident bytes, open
-    file descriptors and threads. A process that exits while it is read is left out, not counted as zero."""
+    """Every live process under `roots` (each root and its descendants, once): pid, role, resident bytes (and of
+    them the shared ones: file-backed pages, /dev/shm mappings included), open file descriptors and threads. A
+    process that exits while it is read is left out, not counted as zero."""
     seen: dict[int, psutil.Process] = {}
     for pid in roots:
         try:
@@ -50,8 +56,9 @@ def processes(roots: Iterable[int]) -> list[dict]:
     for pid, p in sorted(seen.items()):
         try:
             with p.oneshot():
-                out.append({"pid": pid, "role": role(p), "rss_bytes": p.memory_info().rss, "fds": p.num_fds(),
-                            "threads": p.num_threads()})
+                mem = p.memory_info()
+                out.append({"pid": pid, "role": role(p), "rss_bytes": mem.rss, "shared_bytes": mem.shared,
+                            "fds": p.num_fds(), "threads": p.num_threads()})
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return out

@@ -1,0 +1,61 @@
+"""The soak's table (`labkit soak`, data/soak_cpu.json): each of the issue's targets beside what the stored run
+measured and whether it was met, then the slowest-growing processes."""
+
+from __future__ import annotations
+
+from labkit.lab.report.markdown import md_head
+from labkit.lab.report.markdown import md_row as _row
+
+
+def _yes(ok) -> str:
+    return "yes" if ok else "**no**"
+
+
+def _trend(t: dict | None) -> str:
+    if t is None:
+        return "n/a"
+    lo, hi = t["ci95_per"]
+    note = ", inconclusive" if t["inconclusive"] else ""
+    return f"{t['slope_per']:+.4f} s [{lo:+.4f}, {hi:+.4f}] per {t['per']} (median {t['median']:.3f} s{note})"
+
+
+def soak_table(run: dict) -> list[str]:
+    r = run
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted(r["soak/fault_kinds"].items()))
+    rows = [
+        ("syncs", ">= 300", r["soak/syncs"], r["soak/syncs"] >= 300),
+        ("faults, every one fired", ">= 30, of >= 8 kinds", f"{r['soak/faults_fired']} of {r['soak/faults']} fired, "
+         f"{r['soak/fault_kinds_fired']} kinds ({kinds})", r["soak/faults"] >= 30 and r["soak/fault_kinds_fired"] >= 8
+         and r["soak/faults_fired"] == r["soak/faults"]),
+        ("half-updated engines", "0", r["soak/half_updated"], r["soak/half_updated"] == 0),
+        ("clean syncs not verified", "0", r["soak/clean_syncs_not_verified"], r["soak/clean_syncs_not_verified"] == 0),
+        ("mixed responses", "0", f"{r['soak/mixed_responses']} of {r['soak/requests']}",
+         r["soak/mixed_responses"] == 0),
+        ("requests refused or failed", "0 (retract)", r["soak/refused"] + r["soak/requests_failed"],
+         r["soak/refused"] + r["soak/requests_failed"] == 0),
+        ("OpenAI requests failed / not the greedy text", "0",
+         f"{r['soak/openai_failed']} / {r['soak/openai_mismatched']} of {r['soak/openai_sent']} "
+         f"({r['soak/openai_checked']} checked)", r["soak/openai_failed"] + r["soak/openai_mismatched"] == 0),
+        ("resident memory, worst process", "<= 1 MB per 100 syncs",
+         f"{r['soak/rss_worst']}: {r['soak/rss_worst_mb_per_100']:+.2f} MB", r["soak/rss_within_target"]),
+        ("fds, threads, /dev/shm, object store back to warm-up level", "every sync",
+         "yes" if r["soak/levels_returned"] else ", ".join(sorted(r["soak/levels_exceeded"]))[:120],
+         r["soak/levels_returned"]),
+        ("sync end to end: trend", "no upward trend", _trend(r["soak/trend/e2e_s"]),
+         r["soak/trend/e2e_s"] is None or r["soak/trend/e2e_s"]["upward"] is not True),
+        ("pause: trend", "no upward trend", _trend(r["soak/trend/pause_s"]),
+         r["soak/trend/pause_s"] is None or r["soak/trend/pause_s"]["upward"] is not True),
+        ("acceptance at the same weights", "equal, to the request",
+         f"{len(r['soak/acceptance'])} measurements, each twice; changed at the same weights: "
+         f"{r['soak/acceptance_changed_at_same_weights']}",
+         r["soak/acceptance_repeat_equal"] and r["soak/acceptance_changed_at_same_weights"] == 0),
+    ]
+    lines = md_head(["target", "wanted", "measured", "met"])
+    lines += [_row([name, want, got, _yes(ok)]) for name, want, got, ok in rows]
+    lines.append("")
+    lines.append(f"{r['soak/minutes']:g} minutes after a {r['soak/startup_s']:.0f} s start, seed {r['soak/seed']}, "
+                 f"warm-up {r['soak/warmup']} syncs; transports {r['soak/transports']}; trainer restarts "
+                 f"{r['soak/trainer_restarts']}; engine revivals {r['soak/engine_revivals']} "
+                 f"({r['soak/engine_restarts']} restarted, in the background while the other engine took syncs; "
+                 f"the slowest {r['soak/revive_s_max']:.0f} s).")
+    return lines

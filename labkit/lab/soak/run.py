@@ -1,0 +1,266 @@
+"""`labkit soak`: an RL run's worth of syncs into two engines that serve meanwhile, with faults, and everything a
+leak or a drift would show in, sampled sync after sync (issue: "soak").
+
+Flow of `Soak.step` (the whole loop is `run`):
+1. train one step (the trainer's weights move away from the engines');
+2. for a faulted sync: what the trainer is about to send (checksums, buckets, fused groups) and what each engine
+   serves, then the fault armed (labkit.lab.faults.harness.arm_fault; engine faults land in the actor engine);
+3. the HTTP engine's clients are let go, and one atomic sync into both engines runs under them
+   (labkit.sync.fanout.Replicas: one send, each engine verified, a failed one fenced, the others restored);
+4. after a fault: proof it fired, the trainer replaced if it was killed, each engine's state (old, new, or neither:
+   half-updated), fenced engines revived;
+5. the load settles: every response checked against its version's greedy output (labkit.lab.soak.serving);
+6. every process under the driver, /dev/shm and Ray's object store sampled (labkit.lab.soak.resources); every
+   `accept_every` syncs the served draft's acceptance, twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from labkit import failpoints as fpt
+from labkit.lab.faults.harness import about_to_send, arm_fault, fault_fired, trainer_answers
+from labkit.lab.soak import resources
+from labkit.lab.soak.config import SoakConfig
+from labkit.lab.soak.schedule import Step, steps
+from labkit.lab.soak.summary import summarize
+
+ACCEPT_PROMPTS = 16  # held-out problems the draft's acceptance is measured on
+ENGINE_KINDS = ("engine_killed", "apply_crash", "apply_hang")  # faults that land in the actor engine: it must serve
+
+
+class Soak:
+    def __init__(self, cfg: SoakConfig):
+        self.cfg, self.engines, self.trainer, self.replicas, self.load = cfg, [], None, None, None
+        try:
+            self._start()
+        except BaseException:  # a half-started soak must not leave an engine or the trainer running
+            self.close()
+            raise
+
+    def _start(self) -> None:
+        from labkit.cluster import runtime
+        from labkit.config import ParallelSpec, TrainConfig
+        from labkit.engine import EngineConfig, EngineHandle
+        from labkit.lab.soak.serving import Load  # the openai client: imported where it runs
+        from labkit.models.tiny import default_model_dir
+        from labkit.models.tokenizer import encode
+        from labkit.sync import engine_spec
+        from labkit.sync.fanout import Replicas
+        from labkit.tasks import arith
+        from labkit.trainer.group import Trainer
+
+        cfg = self.cfg
+        self.model = str(default_model_dir())  # the shipped tiny MiMo: its MTP draft was trained, so acceptance says
+        ecfg = EngineConfig(model_dir=self.model, dtype="float32", max_total_tokens=4096, mem_fraction_static=0.05,
+                            call_timeout_s=cfg.timeout_s)
+        runtime.init()
+        self.engines.append(EngineHandle.launch(ecfg))  # 0: an SGLang HTTP server, under client load
+        self.engines.append(EngineHandle.start(ecfg))  # 1: a Ray actor engine; engine faults land here
+        self.new_trainer = lambda: Trainer(self.model, ParallelSpec(), TrainConfig(lr=cfg.lr))
+        self.trainer = self.new_trainer()
+        self.replicas, self.spec = Replicas(self.engines), engine_spec(self.model, "float32")
+        self.load = Load(self.engines[0], [encode(p.prompt) for p in arith.problems(cfg.prompts, seed=7)], cfg)
+        self.eval_ids = [encode(p.prompt) for p in arith.evaluation(ACCEPT_PROMPTS)]
+        self.restarts, self.reviving, self.revivals = {"trainer": 0}, {}, []
+
+    def close(self) -> None:
+        for part in (self.load, self.replicas):
+            if part is not None:
+                part.close()
+        for e in self.engines:
+            e.shutdown()
+        if self.trainer is not None:
+            self.trainer.shutdown()
+
+    def step(self, st: Step) -> dict:
+        from labkit.sync import SyncConfig
+        from labkit.sync.atomic import SyncFailed
+        from labkit.workbench.core import train
+
+        cfg, clock = self.cfg, [time.monotonic()]
+
+        def lap() -> float:  # seconds since the last lap: where a step's time goes (soak/step_s)
+            clock.append(time.monotonic())
+            return round(clock[-1] - clock[-2], 3)
+
+        self.revive_fenced(wait=st.fault is not None and st.fault.kind in ENGINE_KINDS)
+        steps_s = {"revive_wait": lap()}
+        train(self.trainer, 1, batch_size=8, seed=1 + st.index, progress=False)
+        steps_s["train"] = lap()
+        scfg = SyncConfig(transport=st.transport, bucket_mb=st.bucket_mb, progress=False, timeout_s=cfg.timeout_s,
+                          deadline_s=cfg.deadline_s, pause_mode=cfg.pause_mode)
+        armed = self._arm(st, scfg) if st.fault else None
+        self.load.open()
+        served, n_pauses, t0 = self.engines[0], len(self.engines[0].pauses), time.monotonic()
+        err, m = None, {}
+        try:
+            m = self.replicas.sync(self.trainer, scfg, f"s{st.index}")
+        except SyncFailed as e:
+            err, m = e, e.metrics
+        except Exception as e:  # noqa: BLE001 - not even a SyncFailed: recorded, the engines checked below
+            err, m = e, {"sync/error": f"{type(e).__name__}: {e}"[:300]}
+        t1 = time.monotonic()
+        pause_s = sum((b if b is not None else t1) - a for a, b in list(served.pauses)[n_pauses:])
+        row = {"sync": st.index, "transport": st.transport, "bucket_mb": st.bucket_mb, "e2e_s": round(t1 - t0, 4),
+               "pause_s": round(pause_s, 4), "failed": err is not None,
+               "verified": m.get("sync/verified") is True, "engines_synced": len(m.get("sync/engines_synced", [])),
+               "error": (m.get("sync/error") or (str(err) if err else None) or "")[:200] or None}
+        if armed is not None:
+            row["fault"] = self._settle_fault(st, armed, err)
+        steps_s["sync"] = lap()
+        row["in_flight"] = self.load.settle((t0, t1))  # labkit requests that overlapped the sync
+        steps_s["settle"] = lap()
+        row["resources"] = compact(resources.sample([os.getpid()]))
+        steps_s["sample"] = lap()
+        if (st.index + 1) % cfg.accept_every == 0:
+            row["acceptance"] = self._acceptance()
+            steps_s["acceptance"] = lap()
+        row["step_s"] = steps_s
+        return row
+
+    def _arm(self, st: Step, scfg) -> dict:
+        new, n_buckets, n_groups = about_to_send(self.trainer, self.spec, scfg)
+        old = [None if i in self.replicas.fenced else e.checksums() for i, e in enumerate(self.engines)]
+        tmp = tempfile.mkdtemp(prefix="labkit_soak_fault_")
+        killer = arm_fault(st.fault, self.trainer.actors[0], self.engines[1], n_buckets, n_groups, tmp,
+                           self.cfg.deadline_s)
+        return {"new": new, "old": old, "tmp": tmp, "killer": killer}
+
+    def _settle_fault(self, st: Step, armed: dict, err) -> dict:
+        """Proof the fault fired, what each engine serves (before anything else talks to it), and the parts it
+        killed brought back: a new trainer now; a fenced engine in the background (`revive_fenced`)."""
+        t, killer = st.fault, armed["killer"]
+        if killer is not None:
+            killer.join(timeout=self.cfg.deadline_s)
+        fired = fault_fired(t, armed["tmp"], killer, err)
+        shutil.rmtree(armed["tmp"], ignore_errors=True)
+        states = [self._state(i, armed["old"][i], armed["new"]) for i in range(len(self.engines))]
+        if trainer_answers(self.trainer):
+            fpt.disarm_in_actor(self.trainer.actors[0])
+        else:
+            self.trainer.shutdown()
+            self.trainer, self.restarts["trainer"] = self.new_trainer(), self.restarts["trainer"] + 1
+        fenced = sorted(self.replicas.fenced)
+        if 1 not in fenced:  # a fenced engine is restarted, and a new actor has nothing armed
+            fpt.disarm_in_actor(self.engines[1]._actor, timeout_s=10)
+        live = [e.checksums() for i, e in enumerate(self.engines) if i not in fenced]
+        return {"sync": st.index, "kind": t.kind, "transport": t.transport, "point": t.point, "fired": fired,
+                "states": states, "error": None if err is None else str(err)[:200], "fenced": fenced,
+                "engines_agree": all(a == live[0] for a in live)}
+
+    def revive_fenced(self, wait: bool = False) -> None:
+        """Fenced engines come back without holding up the syncs: one that is dead or wedged restarts in the
+        background (a model load, tens of seconds on 2 cores) while the others take syncs; once it answers, it
+        gets the last good weights here, between syncs (a fast restore: the host copy is not written meanwhile),
+        and rejoins. `wait`: until every engine is back (an engine fault needs the engine it lands in serving)."""
+        for i in sorted(self.replicas.fenced):
+            job = self.reviving.get(i) or self._restart_in_background(i)
+            if wait:
+                job["thread"].join()
+            if job["thread"].is_alive():
+                continue
+            del self.reviving[i]
+            self.replicas.revive(i, timeout_s=self.cfg.timeout_s * 12, pause_mode=self.cfg.pause_mode)
+            self.revivals.append({"engine": i, "restarted": job["restarted"], "error": job["error"],
+                                  "seconds": round(time.monotonic() - job["t0"], 2)})
+
+    def _restart_in_background(self, i: int) -> dict:
+        job = {"t0": time.monotonic(), "restarted": False, "error": None}
+
+        def restart():
+            try:
+                if not self.replicas._healthy(i):
+                    self.engines[i].restart()
+                    job["restarted"] = True
+            except Exception as e:  # noqa: BLE001 - revive() below tries again and raises what it finds
+                job["error"] = f"{type(e).__name__}: {e}"[:200]
+
+        job["thread"] = threading.Thread(target=restart, daemon=True, name=f"labkit-soak-restart-{i}")
+        job["thread"].start()
+        self.reviving[i] = job
+        return job
+
+    def _state(self, i: int, old: dict, new: dict) -> str:
+        """old / new / neither (half-updated) for an engine that serves; fenced for one cut off."""
+        if i in self.replicas.fenced:
+            return "fenced"
+        now = self.engines[i].checksums()
+        return "old" if now == old else "new" if now == new else "neither"
+
+    def _acceptance(self) -> dict:
+        """The served draft's greedy acceptance on the held-out prompts, measured twice from two reads of the
+        served engine's weights: equal to the request, or something other than a sync changed the draft."""
+        from labkit.mtp.speculative import Speculator
+
+        engine, runs = self.engines[0], []
+        for _ in range(2):
+            weights = {n: engine.get_weights_by_name(n).reshape(shape)
+                       for n, (shape, _) in self.spec["tensors"].items()}
+            out = Speculator(self.model, weights).generate(self.eval_ids, k=2, temperature=0.0,
+                                                           max_new_tokens=self.cfg.max_new_tokens, seed=0,
+                                                           progress=False)
+            runs.append([r["spec_num_correct_drafts"] for r in out["requests"]])
+        digest = hashlib.sha256(repr(sorted(engine.checksums().items())).encode()).hexdigest()[:16]
+        return {"version": engine.weight_version, "weights": digest, "accepted": runs[0],
+                "accept_rate": out["metrics"]["mtp/accept_rate"], "repeat_equal": runs[0] == runs[1]}
+
+
+def compact(sample: dict) -> dict:
+    """A resource sample in the few numbers the summary reads (a soak keeps one per sync)."""
+    store = sample["object_store"] or {}
+    return {"procs": {p["pid"]: [p["role"], p["rss_bytes"], p["fds"], p["threads"], p["shared_bytes"]]
+                      for p in sample["processes"]},
+            "shm_files": sample["shm"]["files"], "shm_bytes": sample["shm"]["bytes"],
+            "store_bytes": store.get("bytes")}
+
+
+def run(cfg: SoakConfig | None = None, on_row=None) -> dict:
+    """The soak: `cfg.minutes` of steps, then the summary (labkit.lab.soak.summary). `on_row(row)` per sync."""
+    from tqdm.auto import tqdm
+
+    cfg = cfg or SoakConfig()
+    schedule = steps(cfg.seed, cfg.transports, cfg.bucket_mbs, cfg.kinds, cfg.fault_every)
+    t_start, rows, soak = time.perf_counter(), [], None
+    try:
+        soak = Soak(cfg)
+        startup_s, end = time.perf_counter() - t_start, time.monotonic() + cfg.minutes * 60
+        bar = tqdm(desc="soak", unit="sync", disable=not cfg.progress, total=None)
+        for st in schedule:
+            if time.monotonic() >= end:
+                break
+            rows.append(soak.step(st))
+            bar.update()
+            bar.set_postfix_str(f"{st.transport} {st.fault.kind if st.fault else ''}".strip())
+            if on_row is not None:
+                on_row(rows[-1])
+        bar.close()
+        soak.revive_fenced(wait=True)  # every engine back before the run is judged and closed
+        serving, restarts = soak.load.counts(), {**soak.restarts, "revivals": list(soak.revivals)}
+    finally:
+        if soak is not None:
+            soak.close()
+    return summarize(rows, serving, restarts, cfg, startup_s, time.perf_counter() - t_start)
+
+
+def load_or_run(path: str, minutes: float = 0.0, **cfg) -> dict:
+    """A stored soak (`path`, relative to the repository when not found here) when minutes is 0, else a fresh run
+    of that many minutes (notebook 06)."""
+    import json
+
+    if minutes > 0:
+        return run(SoakConfig(minutes=minutes, **cfg))
+    p = Path(path)
+    if not p.is_absolute() and not p.exists():
+        p = Path(__file__).resolve().parents[3] / path
+    if not p.is_file():
+        raise FileNotFoundError(f"RUN={path!r} is invalid: no stored soak there (make one with "
+                                f"`labkit soak --minutes 20 --out {path}`, or set MINUTES > 0)")
+    return json.loads(p.read_text())
+

@@ -1,0 +1,71 @@
+"""labkit.lab.soak.summary: the soak's verdict from per-sync rows. Each check is shown failing on rows that break
+it (a half-updated engine, a mixed response, a process that grows, a descriptor kept, a sync that slows, a draft
+whose acceptance changed with no sync), and passing on a run that breaks nothing."""
+
+import random
+
+import pytest
+
+from labkit.lab.soak.config import SoakConfig
+from labkit.lab.soak.summary import MB, summarize
+
+CFG = SoakConfig(warmup=20)
+SERVING = {"labkit": {"ok": 90, "spanned": 5, "aborted": 0, "mixed": 0, "failed": 0},
+           "openai": {"sent": 40, "checked": 30, "overlapped_sync": 10}}
+
+
+def _rows(n=120, *, grow_mb=0.0, fds_after=None, slow=0.0, state="new", accept=None, seed=0):
+    rng, rows = random.Random(seed), []
+    for i in range(n):
+        procs = {100: ["driver", int((500 + grow_mb * i / 100 + rng.random() * 0.2) * MB), 40, 9],
+                 200: ["scheduler", int(800 * MB + rng.randrange(4096)), 30, 12]}
+        if fds_after is not None and i > fds_after:
+            procs[200][2] = 31
+        row = {"sync": i, "transport": "colocated", "bucket_mb": 0.05, "e2e_s": 1.0 + slow * i + rng.random() * 0.05,
+               "pause_s": 0.5 + rng.random() * 0.01, "in_flight": True, "failed": False, "verified": True,
+               "error": None, "resources": {"procs": procs, "shm_files": 3, "shm_bytes": 10, "store_bytes": 0}}
+        if i % 8 == 7:
+            row["fault"] = {"kind": "exception", "transport": "colocated", "point": "sync.begin", "fired": True,
+                            "states": [state, "new"], "fenced": [], "engines_agree": True}
+        if i % 25 == 24:
+            row["acceptance"] = {"version": f"s{i}", "weights": accept or f"w{i}", "accepted": [i % 3, 1],
+                                 "accept_rate": 0.3, "repeat_equal": True}
+        rows.append(row)
+    return rows
+
+
+def _sum(rows, serving=SERVING):
+    return summarize(rows, serving, {"trainer": 0, "engine": 0}, CFG, 1.0, 2.0)
+
+
+def test_a_run_that_breaks_nothing_passes_and_says_why():
+    m = _sum(_rows())
+    assert m["soak/ok"] is True and m["soak/half_updated"] == 0 and m["soak/faults_fired"] == m["soak/faults"] == 15
+    assert m["soak/rss_within_target"] and m["soak/levels_returned"] and m["soak/no_upward_trend"]
+    assert set(m["soak/rss_per_process"]) == {"driver 100", "scheduler 200"}
+    assert m["soak/targets_met"] is False  # 120 syncs and 15 faults: short of the 20-minute targets
+
+
+@pytest.mark.parametrize("rows,key", [
+    (_rows(state="neither"), "soak/half_updated"),
+    (_rows(grow_mb=3.0), "soak/rss_within_target"),
+    (_rows(fds_after=60), "soak/levels_returned"),
+    (_rows(slow=0.01), "soak/no_upward_trend"),
+    (_rows(accept="same"), "soak/acceptance_changed_at_same_weights"),
+])
+def test_each_broken_check_fails_the_run(rows, key):
+    m = _sum(rows)
+    assert m["soak/ok"] is False, key
+    assert m[key] is False or (type(m[key]) is int and m[key] > 0), (key, m[key])
+
+
+def test_a_mixed_or_refused_response_fails_the_run():
+    for k in ("mixed", "aborted", "failed"):
+        assert _sum(_rows(), {**SERVING, "labkit": {**SERVING["labkit"], k: 1}})["soak/ok"] is False
+    assert _sum(_rows(), {**SERVING, "openai": {**SERVING["openai"], "mismatched": 1}})["soak/ok"] is False
+
+
+def test_a_fault_that_never_fired_fails_the_run():
+    rows = _rows()
+    rows[7]["fault"]["fired"] = False
+    assert _sum(rows)["soak/ok"] is False
