@@ -70,6 +70,16 @@ class OpenAIClient(threading.Thread):
         self.go.clear()
         self.idle.wait(timeout_s)
 
+    def answer_after(self, t: float, timeout_s: float) -> None:
+        """Wait (bounded) until a request sent after `t` has been answered: one that overlapped no sync, so it is
+        checked against the greedy text of the version served (most requests overlap one on a box this busy)."""
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            with self.lock:
+                if any(r["t0"] >= t for r in self.rows):
+                    return
+            time.sleep(0.01)
+
     def fold(self, window: tuple[float, float], before: dict, after: dict) -> None:
         """Count the rows finished since the last fold (all started after it): one that ended before the sync
         `window` is checked against `before` (the greedy texts of the version served until the sync), one that
@@ -122,6 +132,7 @@ class Load:
     def settle(self, window: tuple[float, float]) -> int:
         """After a sync: quiet the load, take the version now served's references, count what was answered.
         Returns how many labkit requests were in flight during the sync `window`."""
+        self.openai.answer_after(window[1], self.args.timeout_s)
         self.clients.drain()
         self.openai.quiet(self.args.timeout_s)
         before = self.version
