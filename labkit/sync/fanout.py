@@ -171,10 +171,10 @@ class Replicas:
         dtype = spec.get("dtype", "float32")
         before, v_before = self._prepare(spec, dtype, cfg)
         live, staging = self.live, self.store.staging(cfg.stage_spare)
-        for i in live:
-            self.engines[i].pause_generation(cfg.pause_mode)
         group = EngineGroup([self.engines[i].portable(call_timeout_s=cfg.timeout_s) for i in live], ids=live)
-        try:
+        try:  # the pauses too: an engine that dies before its pause must not leave the ones paused before it so
+            for i in live:
+                self.engines[i].pause_generation(cfg.pause_mode)
             m = producer.export_to(Syncer(), group, replace(cfg, stage_dir=staging), spec, version,
                                    deadline_s=cfg.deadline_s)
             if m.get("sync/verified") is False:

@@ -227,7 +227,7 @@ def run(cfg: SoakConfig | None = None, on_row=None) -> dict:
 
     cfg = cfg or SoakConfig()
     schedule = steps(cfg.seed, cfg.transports, cfg.bucket_mbs, cfg.kinds, cfg.fault_every)
-    t_start, rows, soak = time.perf_counter(), [], None
+    t_start, rows, soak, aborted = time.perf_counter(), [], None, None
     try:
         soak = Soak(cfg)
         startup_s, end = time.perf_counter() - t_start, time.monotonic() + cfg.minutes * 60
@@ -235,18 +235,28 @@ def run(cfg: SoakConfig | None = None, on_row=None) -> dict:
         for st in schedule:
             if time.monotonic() >= end:
                 break
-            rows.append(soak.step(st))
+            try:
+                rows.append(soak.step(st))
+            except Exception as e:  # noqa: BLE001 - the run so far is summarized, not lost; the verdict fails
+                aborted = f"sync {st.index}: {type(e).__name__}: {e}"[:400]
+                break
             bar.update()
             bar.set_postfix_str(f"{st.transport} {st.fault.kind if st.fault else ''}".strip())
             if on_row is not None:
                 on_row(rows[-1])
         bar.close()
-        soak.revive_fenced(wait=True)  # every engine back before the run is judged and closed
+        try:
+            soak.revive_fenced(wait=True)  # every engine back before the run is judged and closed
+        except Exception as e:  # noqa: BLE001 - said in the verdict
+            aborted = aborted or f"revival at the end: {type(e).__name__}: {e}"[:400]
         serving, restarts = soak.load.counts(), {**soak.restarts, "revivals": list(soak.revivals)}
     finally:
         if soak is not None:
             soak.close()
-    return summarize(rows, serving, restarts, cfg, startup_s, time.perf_counter() - t_start)
+    out = summarize(rows, serving, restarts, cfg, startup_s, time.perf_counter() - t_start)
+    if aborted:
+        out.update({"soak/aborted": aborted, "soak/ok": False, "soak/targets_met": False})
+    return out
 
 
 def load_or_run(path: str, minutes: float = 0.0, **cfg) -> dict:

@@ -113,7 +113,9 @@ class Load:
         wait_s = cfg.deadline_s * 4
         args = SimpleNamespace(clients=cfg.clients, max_requests=2**62, max_seconds=cfg.minutes * 60 + 3600,
                                max_new_tokens=cfg.max_new_tokens, timeout_s=wait_s)
-        self.engine, self.prompts, self.cfg, self.args = engine, prompts, cfg, args
+        # the references and the checks wait as long as a request may (the engine answers slowly while the other
+        # one restarts beside it on the same cores)
+        self.engine, self.prompts, self.cfg, self.args = engine.portable(call_timeout_s=wait_s), prompts, cfg, args
         self.clients = Clients(engine, prompts, args)
         self.openai = OpenAIClient(engine.url, [decode(p) for p in prompts], cfg.max_new_tokens, wait_s)
         self.refs: dict[str, dict[int, list[int]]] = {}  # version -> prompt -> greedy tokens (ignore_eos)
