@@ -69,3 +69,17 @@ def test_a_fault_that_never_fired_fails_the_run():
     rows = _rows()
     rows[7]["fault"]["fired"] = False
     assert _sum(rows)["soak/ok"] is False
+
+
+def test_pauses_are_found_by_time_once_the_handles_deque_is_full():
+    """EngineHandle.pauses keeps the last 64: counting entries before and after a sync read 0 s for every sync
+    after the 64th, and a soak's pause trend read zeros from there on)."""
+    import collections
+
+    from labkit.lab.soak.run import paused_within
+
+    pauses = collections.deque(((float(i), i + 0.5) for i in range(64)), maxlen=64)
+    pauses.append((100.0, 100.25))
+    assert len(pauses) == 64 and paused_within(pauses, 99.0, 101.0) == 0.25
+    pauses.append((102.0, None))  # still paused at the end of the window
+    assert paused_within(pauses, 101.5, 103.0) == 1.0

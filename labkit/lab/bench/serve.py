@@ -141,13 +141,13 @@ def run_mode(wb, guard, expected, mode: str, prompts, refs: dict, cfg: ServeBenc
             wb.train(1, batch_size=8, progress=False)
             clients.open(max(1, cfg.max_requests // cfg.syncs))
             clients.wait_in_flight()  # the stream is running when the sync starts
-            n_pauses, t0 = len(wb.engine.pauses), time.monotonic()
+            t0 = time.monotonic()
             try:
                 guard.sync(wb.trainer, scfg, expected, f"{mode}-{k + 1}")
             except SyncFailed as e:
                 failed_syncs.append(str(e)[:300])
             t1 = time.monotonic()
-            pauses = [(a, b if b is not None else t1) for a, b in list(wb.engine.pauses)[n_pauses:]]
+            pauses = [(a, b if b is not None else t1) for a, b in list(wb.engine.pauses) if t0 <= a <= t1]
             windows.append({"sync": (t0, t1), "paused_s": sum(b - a for a, b in pauses)})
             clients.drain()
             refs[wb.engine.weight_version] = dict(enumerate(_greedy(wb.engine, prompts, cfg.max_new_tokens)))

@@ -19,6 +19,20 @@ def _trend(t: dict | None) -> str:
     return f"{t['slope_per']:+.4f} s [{lo:+.4f}, {hi:+.4f}] per {t['per']} (median {t['median']:.3f} s{note})"
 
 
+LEAKS = (("resident memory, worst process", "<= 1 MB per 100 syncs"),
+         ("fds, threads, /dev/shm, object store back to warm-up level", "every sync"),
+         ("sync end to end: trend", "no upward trend"), ("pause: trend", "no upward trend"))
+
+
+def _leaks(r: dict) -> list[tuple]:
+    measured = [f"{r['soak/rss_worst']}: {r['soak/rss_worst_mb_per_100']:+.2f} MB",
+                "yes" if r["soak/levels_returned"] else ", ".join(sorted(r["soak/levels_exceeded"]))[:160],
+                _trend(r["soak/trend/e2e_s"]), _trend(r["soak/trend/pause_s"])]
+    met = [r["soak/rss_within_target"], r["soak/levels_returned"],
+           *(r[k] is None or r[k]["upward"] is not True for k in ("soak/trend/e2e_s", "soak/trend/pause_s"))]
+    return [(what, want, got, ok) for (what, want), got, ok in zip(LEAKS, measured, met)]
+
+
 def soak_table(run: dict) -> list[str]:
     r = run
     kinds = ", ".join(f"{k} {n}" for k, n in sorted(r["soak/fault_kinds"].items()))
@@ -36,15 +50,8 @@ def soak_table(run: dict) -> list[str]:
         ("OpenAI requests failed / not the greedy text", "0",
          f"{r['soak/openai_failed']} / {r['soak/openai_mismatched']} of {r['soak/openai_sent']} "
          f"({r['soak/openai_checked']} checked)", r["soak/openai_failed"] + r["soak/openai_mismatched"] == 0),
-        ("resident memory, worst process", "<= 1 MB per 100 syncs",
-         f"{r['soak/rss_worst']}: {r['soak/rss_worst_mb_per_100']:+.2f} MB", r["soak/rss_within_target"]),
-        ("fds, threads, /dev/shm, object store back to warm-up level", "every sync",
-         "yes" if r["soak/levels_returned"] else ", ".join(sorted(r["soak/levels_exceeded"]))[:120],
-         r["soak/levels_returned"]),
-        ("sync end to end: trend", "no upward trend", _trend(r["soak/trend/e2e_s"]),
-         r["soak/trend/e2e_s"] is None or r["soak/trend/e2e_s"]["upward"] is not True),
-        ("pause: trend", "no upward trend", _trend(r["soak/trend/pause_s"]),
-         r["soak/trend/pause_s"] is None or r["soak/trend/pause_s"]["upward"] is not True),
+        *(_leaks(r) if r.get("soak/leaks_judged") else
+          [(what, want, "not judged: too few syncs past warm-up", False) for what, want in LEAKS]),
         ("acceptance at the same weights", "equal, to the request",
          f"{len(r['soak/acceptance'])} measurements, each twice; changed at the same weights: "
          f"{r['soak/acceptance_changed_at_same_weights']}",
@@ -53,6 +60,9 @@ def soak_table(run: dict) -> list[str]:
     lines = md_head(["target", "wanted", "measured", "met"])
     lines += [_row([name, want, got, _yes(ok)]) for name, want, got, ok in rows]
     lines.append("")
+    if r.get("soak/aborted"):
+        lines.append(f"**The run stopped early**: {r['soak/aborted']}")
+        lines.append("")
     lines.append(f"{r['soak/minutes']:g} minutes after a {r['soak/startup_s']:.0f} s start, seed {r['soak/seed']}, "
                  f"warm-up {r['soak/warmup']} syncs; transports {r['soak/transports']}; trainer restarts "
                  f"{r['soak/trainer_restarts']}; engine revivals {r['soak/engine_revivals']} "

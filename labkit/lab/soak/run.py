@@ -98,7 +98,7 @@ class Soak:
                           deadline_s=cfg.deadline_s, pause_mode=cfg.pause_mode)
         armed = self._arm(st, scfg) if st.fault else None
         self.load.open()
-        served, n_pauses, t0 = self.engines[0], len(self.engines[0].pauses), time.monotonic()
+        served, t0 = self.engines[0], time.monotonic()
         err, m = None, {}
         try:
             m = self.replicas.sync(self.trainer, scfg, f"s{st.index}")
@@ -107,7 +107,7 @@ class Soak:
         except Exception as e:  # noqa: BLE001 - not even a SyncFailed: recorded, the engines checked below
             err, m = e, {"sync/error": f"{type(e).__name__}: {e}"[:300]}
         t1 = time.monotonic()
-        pause_s = sum((b if b is not None else t1) - a for a, b in list(served.pauses)[n_pauses:])
+        pause_s = paused_within(served.pauses, t0, t1)
         row = {"sync": st.index, "transport": st.transport, "bucket_mb": st.bucket_mb, "e2e_s": round(t1 - t0, 4),
                "pause_s": round(pause_s, 4), "failed": err is not None,
                "verified": m.get("sync/verified") is True, "engines_synced": len(m.get("sync/engines_synced", [])),
@@ -210,6 +210,12 @@ class Soak:
         digest = hashlib.sha256(repr(sorted(engine.checksums().items())).encode()).hexdigest()[:16]
         return {"version": engine.weight_version, "weights": digest, "accepted": runs[0],
                 "accept_rate": out["metrics"]["mtp/accept_rate"], "repeat_equal": runs[0] == runs[1]}
+
+
+def paused_within(pauses, t0: float, t1: float) -> float:
+    """Seconds the engine was paused by pauses that began in [t0, t1] (a handle's `pauses` keeps the last 64, so
+    they are found by time: counting entries stops working once the deque is full)."""
+    return sum((b if b is not None else t1) - a for a, b in list(pauses) if t0 <= a <= t1)
 
 
 def compact(sample: dict) -> dict:
