@@ -230,7 +230,7 @@ class Replicas:
     def _recover(self, live: list[int], before: dict, v_before: str, dtype: str, cfg) -> None:
         """Each engine that still answers back to `before`; one that does not is fenced."""
         for i in live:
-            if not self._healthy(i):
+            if not self.healthy(i):
                 self.fenced.add(i)
                 continue
             try:
@@ -242,7 +242,8 @@ class Replicas:
         self.guards[i]._restore_into(self.engines[i].portable(call_timeout_s=cfg.timeout_s), checksums, version,
                                      dtype, restarted=False, pause_mode=cfg.pause_mode)
 
-    def _healthy(self, i: int) -> bool:
+    def healthy(self, i: int) -> bool:
+        """Engine `i` answers /health within 10 s."""
         try:
             return bool(self.engines[i].portable(call_timeout_s=10.0).health())
         except EngineError:

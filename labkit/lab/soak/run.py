@@ -176,7 +176,7 @@ class Soak:
 
         def restart():
             try:
-                if not self.replicas._healthy(i):
+                if not self.replicas.healthy(i):
                     self.engines[i].restart()
                     job["restarted"] = True
             except Exception as e:  # noqa: BLE001 - revive() below tries again and raises what it finds
