@@ -13,6 +13,7 @@ import os
 import secrets
 import socket
 
+from labkit.cluster import allocator
 from labkit.compat import loopback, quiet
 
 START_ATTEMPTS = 3
@@ -60,6 +61,7 @@ def init(address: str | None = None, num_cpus: int | None = None) -> dict:
 
     if not ray.is_initialized():
         quiet.install()  # before Ray starts: a local cluster's workers inherit this environment
+        allocator.install()  # likewise: freed memory goes back to the system (labkit.cluster.allocator)
         address = address or os.environ.get("RAY_ADDRESS") or None
         if address:
             if loopback.is_loopback(address.rsplit(":", 1)[0]):

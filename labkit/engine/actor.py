@@ -15,7 +15,7 @@ import time
 
 import psutil
 
-from labkit.cluster.runtime import here, wait_dead
+from labkit.cluster import allocator, runtime
 from labkit.compat import quiet
 from labkit.compat import sglang as compat
 from labkit.engine.errors import EngineUnreachable
@@ -83,6 +83,7 @@ class EngineActor:
     def __init__(self, cfg):
         self.cfg, self.engine, self.error, self._closed, self._paused = cfg, None, None, False, False
         quiet.install()  # before SGLang is imported here or in its scheduler/detokenizer subprocesses
+        allocator.install()  # this actor and its subprocesses hand freed memory back (an attached cluster's too)
         self.layers = compat.apply()
         # SGLang's registry serves our MiMo (adds get_weights_by_name) and loads its own zoo on demand.
         os.environ.setdefault("SGLANG_EXTERNAL_MODEL_PACKAGE", MODEL_PACKAGE)
@@ -195,7 +196,7 @@ class EngineActor:
         return str(self.engine.server_args.device)
 
     def node(self) -> dict:
-        return here()
+        return runtime.here()
 
     def custom_weight_loaders(self) -> list[str]:
         return list(self.engine.server_args.custom_weight_loader or [])
@@ -289,7 +290,7 @@ class ActorBackend:
         except ray.exceptions.RayError:  # dead or stuck: killing the actor takes its SGLang children down (PDEATHSIG)
             removed = []
         ray.kill(self.actor, no_restart=True)
-        wait_dead([self.actor])
+        runtime.wait_dead([self.actor])
         return removed + compat.cleanup_shm()
 
 

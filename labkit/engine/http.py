@@ -24,6 +24,7 @@ from pathlib import Path
 
 import psutil
 
+from labkit.cluster import allocator
 from labkit.cluster.runtime import free_port
 from labkit.compat import sglang as compat
 from labkit.engine.actor import MODEL_PACKAGE  # cheap: actor.py imports Ray/SGLang only inside functions
@@ -225,6 +226,7 @@ class ServerProcess:
         self.port = port or free_port()
         self.url = f"http://{host}:{self.port}"
         device = "cuda" if torch.cuda.is_available() else "cpu"
+        allocator.install()  # the server and its scheduler hand freed memory back (labkit.cluster.allocator)
         env = compat.env()  # SGLANG_USE_CPU_ENGINE + placeholder first on PYTHONPATH (CPU only)
         env.setdefault("SGLANG_EXTERNAL_MODEL_PACKAGE", MODEL_PACKAGE)
         # GET /health as liveness (what the actor backend's health answers), not a one-token generate: a paused

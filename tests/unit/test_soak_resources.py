@@ -57,3 +57,18 @@ def test_shm_counts_files_and_bytes_and_no_ray_means_no_object_store(tmp_path, m
     assert resources.shm(tmp_path / "missing") == {"files": 0, "bytes": 0}
     monkeypatch.setattr(ray, "is_initialized", lambda: False)  # the suite's engine fixture may hold Ray in-process
     assert resources.object_store() is None
+
+
+def test_roles_follow_a_role_by_its_title_and_a_native_daemon_by_its_executable():
+    v = "/x/.venv/lib/python3.11/site-packages/ray"
+    assert resources.role_of([f"{v}/core/src/ray/raylet/raylet", "--raylet_socket_name=/tmp/s",
+                              f"--python_worker_command=/x/python {v}/_private/workers/setup_worker.py"],
+                             "raylet") == "raylet"
+    assert resources.role_of(["/x/.venv/bin/python", "-u", f"{v}/_private/log_monitor.py", "--session-dir=/t"],
+                             "python") == "ray log_monitor"
+    assert resources.role_of(["sglang::scheduler", ""], "python") == "scheduler"
+    assert resources.role_of(["ray::DashboardAgent"], "python") == "ray DashboardAgent"
+    assert resources.role_of(["ray::TrainerRank.train_step()"], "python") == "trainer rank"
+    assert resources.role_of(["ray::IDLE"], "python") == "ray IDLE"
+    assert resources.role_of(["/x/python", "-m", "sglang.launch_server", "--tp-size", "1"], "python") == "http server"
+    assert resources.role_of([], "torch_shm_manager") == "torch_shm_manager"

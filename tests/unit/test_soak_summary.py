@@ -83,3 +83,9 @@ def test_pauses_are_found_by_time_once_the_handles_deque_is_full():
     assert len(pauses) == 64 and paused_within(pauses, 99.0, 101.0) == 0.25
     pauses.append((102.0, None))  # still paused at the end of the window
     assert paused_within(pauses, 101.5, 103.0) == 1.0
+
+
+def test_the_series_shows_where_a_descriptor_stepped():
+    m = _sum(_rows(fds_after=60))
+    assert m["soak/series"]["fds"]["scheduler 200"] == [[0, 30], [61, 31]]
+    assert m["soak/series"]["threads"]["driver 100"] == [[0, 9]]

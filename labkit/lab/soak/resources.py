@@ -11,6 +11,7 @@ follow a role across a restart (a fault that kills an engine brings a new pid, n
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import psutil
 
 # (title prefix, role): the first match names the process; SGLang and Ray set these titles (setproctitle)
 ROLES = (("sglang::scheduler", "scheduler"), ("sglang::detokenizer", "detokenizer"),
-         ("ray::EngineActor", "engine actor"), ("ray::TrainerRank", "trainer rank"), ("ray::", "ray worker"))
+         ("ray::EngineActor", "engine actor"), ("ray::TrainerRank", "trainer rank"))
 SHM = Path("/dev/shm")
 
 
@@ -27,17 +28,27 @@ def role(proc: psutil.Process) -> str:
     if proc.pid == os.getpid():
         return "driver"
     try:
-        title = " ".join(proc.cmdline()) or proc.name()
+        return role_of(proc.cmdline(), proc.name())
     except psutil.NoSuchProcess:
         return "gone"
     except psutil.AccessDenied:
         return "unreadable"
+
+
+def role_of(cmdline: list[str], name: str) -> str:
+    """The role a command line (and executable name) shows. Ray's Python daemons (log monitor, dashboard, monitor)
+    are named by their script; a native one by its executable (the raylet's command line names Python scripts
+    it starts, setup_worker.py among them: it is not one)."""
+    title = " ".join(cmdline) or name
     if "sglang.launch_server" in title:  # labkit's HTTP engine: `python -m sglang.launch_server ...`
         return "http server"
-    if "/ray/" in title and ".py" in title:  # Ray's own Python processes: log monitor, dashboard, monitor
-        script = next(w for w in title.split() if w.endswith(".py"))
+    if cmdline and "python" in Path(cmdline[0]).name and "/ray/" in title and ".py" in title:
+        script = next(w for w in cmdline if w.endswith(".py"))
         return "ray " + script.rsplit("/", 1)[-1][:-3]
-    return next((r for prefix, r in ROLES if title.startswith(prefix)), proc.name())
+    known = next((r for prefix, r in ROLES if title.startswith(prefix)), None)
+    if known is None and title.startswith("ray::"):  # Ray's own workers and agents: ray::IDLE, ray::DashboardAgent
+        return "ray " + re.split(r"[.\s(]", title[5:], maxsplit=1)[0]
+    return known or name
 
 
 def processes(roots: Iterable[int]) -> list[dict]:
@@ -78,14 +89,15 @@ def shm(root: Path = SHM) -> dict:
 
 def object_store() -> dict | None:
     """Ray's object store across the cluster (bytes in use, objects), from the raylet's memory report; None when
-    this process is not connected to Ray."""
+    this process is not connected to Ray. Asked through the driver's own GCS connection (`ray memory` opens a new
+    client per call: the GCS registered one per sample, and the soak's sampler grew what it measured)."""
     import ray
 
     if not ray.is_initialized():
         return None
-    from ray._private import internal_api  # ray 2.60's own `ray memory --stats-only` source
+    from ray._private import internal_api, state  # ray 2.60's own `ray memory --stats-only` source
 
-    stats = internal_api.get_memory_info_reply(internal_api.get_state_from_address()).store_stats
+    stats = internal_api.get_memory_info_reply(state.state).store_stats
     return {"bytes": int(stats.object_store_bytes_used), "objects": int(stats.num_local_objects)}
 
 

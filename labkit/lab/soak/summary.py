@@ -150,7 +150,19 @@ def series(rows: list[dict]) -> dict:
             "transport": [r["transport"] for r in rows], "rss_mb": procs,
             "shm_files": [r["resources"]["shm_files"] for r in rows],
             "store_bytes": [r["resources"]["store_bytes"] for r in rows],
-            "private_mb": _private(rows)}
+            "private_mb": _private(rows), "fds": _changes(rows, 2), "threads": _changes(rows, 3)}
+
+
+def _changes(rows: list[dict], k: int) -> dict:
+    """Per process, [sync, value] of field `k` (2: fds, 3: threads) where it changed (and its first): a descriptor
+    that stays open shows as a step, beside the fault before it."""
+    out: dict[str, list] = {}
+    for r in rows:
+        for pid, p in r["resources"]["procs"].items():
+            s = out.setdefault(f"{p[0]} {pid}", [])
+            if not s or s[-1][1] != p[k]:
+                s.append([r["sync"], p[k]])
+    return out
 
 
 def _private(rows: list[dict]) -> dict:
