@@ -47,13 +47,9 @@ def install(environ=os.environ) -> bool:
 
 def tune_this_process() -> bool:
     """mallopt(SETTINGS) in this process; False where there is no glibc malloc."""
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name) if name else None
-        mallopt = libc.mallopt if libc is not None else None
-    except (OSError, AttributeError):
-        return False
-    if mallopt is None:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
+    except (OSError, AttributeError, TypeError):  # no libc found, or one without mallopt (not glibc)
         return False
     return all(mallopt(_MALLOPT[k], v) == 1 for k, v in SETTINGS)
 

@@ -76,7 +76,7 @@ def test_pauses_are_found_by_time_once_the_handles_deque_is_full():
     after the 64th, and a soak's pause trend read zeros from there on)."""
     import collections
 
-    from labkit.lab.soak.run import paused_within
+    from labkit.lab.bench.serve import paused_within
 
     pauses = collections.deque(((float(i), i + 0.5) for i in range(64)), maxlen=64)
     pauses.append((100.0, 100.25))

@@ -101,6 +101,12 @@ def classify(tokens: list[int], meta: dict, expected) -> str:
     return "ok" if len(spans) == 1 else "spanned"
 
 
+def paused_within(pauses, t0: float, t1: float) -> float:
+    """Seconds the engine was paused by pauses that began in [t0, t1] (a handle's `pauses` keeps the last 64, so
+    they are found by time: counting entries stops working once the deque is full)."""
+    return sum((b if b is not None else t1) - a for a, b in list(pauses) if t0 <= a <= t1)
+
+
 def _greedy(engine, prompts: list[list[int]], n: int) -> list[list[int]]:
     outs = engine.generate(input_ids=prompts, sampling={"temperature": 0.0, "max_new_tokens": n, "ignore_eos": True})
     return [o["tokens"] for o in outs]
@@ -147,8 +153,7 @@ def run_mode(wb, guard, expected, mode: str, prompts, refs: dict, cfg: ServeBenc
             except SyncFailed as e:
                 failed_syncs.append(str(e)[:300])
             t1 = time.monotonic()
-            pauses = [(a, b if b is not None else t1) for a, b in list(wb.engine.pauses) if t0 <= a <= t1]
-            windows.append({"sync": (t0, t1), "paused_s": sum(b - a for a, b in pauses)})
+            windows.append({"sync": (t0, t1), "paused_s": paused_within(wb.engine.pauses, t0, t1)})
             clients.drain()
             refs[wb.engine.weight_version] = dict(enumerate(_greedy(wb.engine, prompts, cfg.max_new_tokens)))
             _check(clients.rows, prompts, refs, wb.engine, cfg)

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from labkit import failpoints as fpt
+from labkit.lab.bench.serve import paused_within
 from labkit.lab.faults.harness import about_to_send, arm_fault, fault_fired, trainer_answers
 from labkit.lab.soak import resources
 from labkit.lab.soak.config import SoakConfig
@@ -210,12 +211,6 @@ class Soak:
         digest = hashlib.sha256(repr(sorted(engine.checksums().items())).encode()).hexdigest()[:16]
         return {"version": engine.weight_version, "weights": digest, "accepted": runs[0],
                 "accept_rate": out["metrics"]["mtp/accept_rate"], "repeat_equal": runs[0] == runs[1]}
-
-
-def paused_within(pauses, t0: float, t1: float) -> float:
-    """Seconds the engine was paused by pauses that began in [t0, t1] (a handle's `pauses` keeps the last 64, so
-    they are found by time: counting entries stops working once the deque is full)."""
-    return sum((b if b is not None else t1) - a for a, b in list(pauses) if t0 <= a <= t1)
 
 
 def compact(sample: dict) -> dict:
