@@ -56,6 +56,25 @@ def join_group(store, world_size: int, group_name: str, backend: str, timeout_s:
     return pg
 
 
+def broadcast(transport: Distributed, flat: torch.Tensor) -> None:
+    """One bucket from rank 0 into the group; a failure releases the group before it is raised.
+
+    The failure the release prevents: several engines share one group; one dies mid-broadcast, the trainer's
+    broadcast fails, and the engines still alive wait in their receive. They wait until the trainer's group is
+    freed (`Distributed.release`), and the failed broadcast's error pins it: its traceback holds the frames
+    whose locals are the group and its work. So the error is read inside the except block, whose end frees it,
+    and raised again as a new RuntimeError after the release. Unreleased, a live engine stayed blocked for
+    minutes (the soak's sync 233: until a garbage collection broke the traceback's cycle), was fenced as dead, and
+    its clients' requests timed out."""
+    try:
+        torch.distributed.broadcast(flat, src=0, group=transport.pg)
+        return
+    except RuntimeError as e:
+        error = f"{type(e).__name__}: {e}"
+    transport.release()
+    raise RuntimeError(f"broadcast into the weight-update group failed: {error}")
+
+
 class Distributed:
     """transport="distributed": SGLang's `update_weights_from_distributed(load_format="flattened_bucket")`.
 
@@ -82,6 +101,7 @@ class Distributed:
         self.group_name, self.timeout_s, self.delta, self.engine_loader = group_name, timeout_s, delta, engine_loader
         self.pg, self.port_retries, self.flat, self.apply_path = None, 0, False, "load_weights"
         self.landed = True  # every send so far returned: the engine is not stuck in a receive
+        self.released = False  # this side of the group is gone (`release`)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="labkit-engine")
 
     @property
@@ -120,24 +140,35 @@ class Distributed:
         fut = self._pool.submit(engine.update_weights_from_distributed, names=names, dtypes=dtypes, shapes=shapes,
                                 group_name=self.group_name, load_format="flattened_bucket", flush_cache=False)
         fp.hit("transport.send", flat=flat)
-        torch.distributed.broadcast(flat, src=0, group=self.pg)
+        broadcast(self, flat)
         t1 = time.perf_counter()
         fut.result(timeout=self.timeout_s)
         self.landed = True
         return {"encode": encode, "transfer": t1 - t0, "load": time.perf_counter() - t1}
 
     def close(self, engine) -> None:
-        if self.pg is None:
+        if self.pg is None and self.released:
             return
         try:
             # Read before the group goes (a failing read must not leave it behind); not after a send that did not
             # return, where the engine may sit in a receive and the read would wait out another call timeout.
             if self.flat and self.landed:
                 self.apply_path = engine.apply_path()
+            elif not self.landed:  # engines may still wait in the receive: let them go before calling them
+                self.release()
         finally:
             try:
                 engine.destroy_weights_update_group(self.group_name)
             finally:
-                torch.distributed.destroy_process_group(self.pg)
-                self.pg = None
+                self.release()
                 self._pool.shutdown(wait=False)
+
+    def release(self) -> None:
+        """This side of the group, gone: its connections close, and an engine's receive fails at once.
+
+        gloo closes a group's connections only when the group object is freed (abort() and shutdown() leave
+        them open), and nothing else ends a peer's receive before the group's timeout. `broadcast` is why a
+        failed broadcast's error holds no reference to the group."""
+        if self.pg is not None:
+            pg, self.pg, self.released = self.pg, None, True
+            torch.distributed.destroy_process_group(pg)
