@@ -78,3 +78,48 @@ def test_in_place_is_refused_by_the_atomic_guard_and_reported_not_failed():
     assert out["serve/ok"] is True and out["serve/refused/in_place"] == "no"
     out = summarize({"in_place": {"refused": "no"}}, refs, 0.1, ServeBenchConfig(modes=("in_place",)), 1.0)
     assert out["serve/ok"] is False  # nothing measured is not a pass
+
+
+class _Greedy:
+    """A stand-in engine whose greedy next token is a function of the whole context (so a continuation taken
+    from a longer generation is right only if it is a true prefix); it counts its requests."""
+
+    weight_version = "v2"
+
+    def __init__(self):
+        self.calls = 0
+
+    @staticmethod
+    def next_token(ctx):
+        return (sum(ctx) * 7 + len(ctx)) % 50
+
+    def generate(self, input_ids, sampling):
+        self.calls += 1
+        outs = []
+        for ids in input_ids:
+            ctx = list(ids)
+            for _ in range(sampling["max_new_tokens"]):
+                ctx.append(self.next_token(ctx))
+            outs.append({"tokens": ctx[len(ids):]})
+        return outs
+
+
+def test_spanned_rows_are_checked_against_one_batched_continuation_request():
+    from labkit.lab.bench.serve import _check
+
+    engine, prompts, n = _Greedy(), [[3, 4], [5]], 6
+    cfg = ServeBenchConfig(max_new_tokens=n)
+    greedy = {p: engine.generate([ids], {"max_new_tokens": n})[0]["tokens"] for p, ids in enumerate(prompts)}
+
+    def spanned(p, start, prefix):  # v1 up to `start` (prefix), then v2's greedy continuation
+        cont = engine.generate([prompts[p] + prefix], {"max_new_tokens": n - start})[0]["tokens"]
+        return {"prompt": p, "tokens": prefix + cont, "meta": meta("v2", [("v1", 0, start), ("v2", start, n)])}
+
+    rows = [spanned(0, 2, [9, 9]), spanned(1, 4, [1, 2, 3, 4]), {"prompt": 0, "tokens": greedy[0], "meta": meta("v2")},
+            {"prompt": 1, "error": "x"}]
+    rows.append(dict(rows[1], tokens=rows[1]["tokens"][:-1] + [49 - rows[1]["tokens"][-1]]))  # a wrong last token
+    refs = {"v1": {0: [9, 9, 0, 0, 0, 0], 1: [1, 2, 3, 4, 0, 0]}, "v2": greedy}
+    engine.calls = 0
+    _check(rows, prompts, refs, engine, cfg)
+    assert [r["outcome"] for r in rows] == ["spanned", "spanned", "ok", "failed", "mixed"]
+    assert engine.calls == 1

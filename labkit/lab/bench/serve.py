@@ -114,22 +114,27 @@ def _greedy(engine, prompts: list[list[int]], n: int) -> list[list[int]]:
 
 def _check(rows: list[dict], prompts, refs: dict, engine, cfg: ServeBenchConfig) -> None:
     """Classify finished rows (engine idle, serving its current version): continuations of spanned rows
-    are the idle engine's greedy output for prompt + prefix, under the version it serves now."""
-    now = engine.weight_version
-    for r in rows:
-        if "outcome" in r:
-            continue
+    are the idle engine's greedy output for prompt + prefix, under the version it serves now, all taken in one
+    batched request (each one's own length is a prefix of the longest: greedy with ignore_eos is causal)."""
+    now, todo = engine.weight_version, [r for r in rows if "outcome" not in r]
+    for r in todo:
         if "error" in r:
             r["outcome"] = "failed"
+    wanted = sorted({(i, s["start"]) for i, r in enumerate(todo) if "error" not in r
+                     for s in spans_of(r["tokens"], r["meta"])[1:] if s["version"] == now})
+    conts = {}
+    if wanted:
+        outs = _greedy(engine, [prompts[todo[i]["prompt"]] + todo[i]["tokens"][:start] for i, start in wanted],
+                       cfg.max_new_tokens - min(start for _, start in wanted))
+        conts = {(i, start): out[:cfg.max_new_tokens - start] for (i, start), out in zip(wanted, outs)}
+    for i, r in enumerate(todo):
+        if "outcome" in r:
             continue
-        conts = {}
-        for s in spans_of(r["tokens"], r["meta"])[1:]:
-            if s["version"] == now:
-                conts[(now, s["start"])] = _greedy(engine, [prompts[r["prompt"]] + r["tokens"][:s["start"]]],
-                                                   cfg.max_new_tokens - s["start"])[0]
 
-        def expected(v, start, r=r, conts=conts):
-            return refs.get(v, {}).get(r["prompt"]) if start == 0 else conts.get((v, start))
+        def expected(v, start, i=i, r=r):
+            if start == 0:
+                return refs.get(v, {}).get(r["prompt"])
+            return conts.get((i, start)) if v == now else None
 
         r["outcome"] = classify(r["tokens"], r["meta"], expected)
 
