@@ -71,6 +71,7 @@ def init(address: str | None = None, num_cpus: int | None = None) -> dict:
             ray.init(address=address, logging_level="WARNING")
         else:
             # A local single-user cluster: loopback only, token auth, no token file in $HOME, no dashboard.
+            local_daemons()
             local_security()
             os.environ.setdefault("RAY_DEDUP_LOGS", "1")
             # Logical CPUs: trainer ranks and engines are mostly idle between calls; 2 physical cores must
@@ -94,17 +95,33 @@ def init(address: str | None = None, num_cpus: int | None = None) -> dict:
             "auth": os.environ.get("RAY_AUTH_MODE", "")}
 
 
+def reread_ray_config() -> None:
+    """Ray's C++ config reads the environment once; a driver that imported Ray already must re-read it after a
+    change, as Ray's own `_enable_token_auth` does (a token-mode GCS, else, is talked to without the token)."""
+    from ray._raylet import Config
+
+    Config.initialize("")
+
+
+def local_daemons() -> None:
+    """Ray's metrics off for a local cluster (`RAY_enable_metrics_collection=0`, unless the user set it), set in the
+    environment before Ray starts.
+
+    A local cluster runs no dashboard and no Prometheus, so nothing reads them; collecting them grew Ray's
+    dashboard agent with run time (`labkit soak`, data/soak_cpu.json: the agent's slope). A cluster reached
+    through RAY_ADDRESS keeps its own setting."""
+    if os.environ.get("RAY_enable_metrics_collection") is None:
+        os.environ["RAY_enable_metrics_collection"] = "0"
+        reread_ray_config()
+
+
 def local_security() -> dict:
     """Loopback and token auth for a local cluster, set in the environment before Ray starts."""
     loopback.hold_ray_to_loopback()
     if os.environ.get("RAY_AUTH_MODE") is None:
         os.environ["RAY_AUTH_MODE"] = "token"
         os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
-        # Ray's C++ config reads the mode once; a driver that imported Ray already must re-read it, as Ray's
-        # own `_enable_token_auth` does, or it would talk to its token-mode GCS without the token.
-        from ray._raylet import Config
-
-        Config.initialize("")
+        reread_ray_config()
     elif os.environ["RAY_AUTH_MODE"].lower() == "disabled":
         log.warning("RAY_AUTH_MODE=disabled: this local Ray cluster accepts work from any process that reaches "
                     "127.0.0.1 without a token")

@@ -1,5 +1,6 @@
 """labkit.compat.loopback without Ray: stores and sockets bind the address they are given, never the wildcard."""
 
+import os
 import socket
 from datetime import timedelta
 
@@ -76,8 +77,22 @@ def test_a_local_start_never_attaches_to_a_stale_ray_start_cluster(monkeypatch):
     monkeypatch.setattr(ray, "shutdown", lambda: None)  # the real one would stop the session's own Ray (CI runs
     # the unit tests in the same process after the integration tests, whose engine fixture outlives them)
     monkeypatch.setattr(runtime, "local_security", lambda: {})
+    monkeypatch.setattr(runtime, "local_daemons", lambda: None)
     try:
         runtime.init()
     except (Started, RuntimeError):
         pass
     assert seen.get("address") == "local" and seen.get("_node_ip_address") == "127.0.0.1", seen
+
+
+def test_a_local_cluster_collects_no_metrics_unless_the_user_asks(monkeypatch):
+    from labkit.cluster import runtime
+
+    reread = []
+    monkeypatch.setattr(runtime, "reread_ray_config", lambda: reread.append(""))
+    monkeypatch.delenv("RAY_enable_metrics_collection", raising=False)
+    runtime.local_daemons()
+    assert os.environ["RAY_enable_metrics_collection"] == "0" and reread == [""]
+    monkeypatch.setenv("RAY_enable_metrics_collection", "1")
+    runtime.local_daemons()
+    assert os.environ["RAY_enable_metrics_collection"] == "1" and reread == [""]
