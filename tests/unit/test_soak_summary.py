@@ -89,3 +89,17 @@ def test_the_series_shows_where_a_descriptor_stepped():
     m = _sum(_rows(fds_after=60))
     assert m["soak/series"]["fds"]["scheduler 200"] == [[0, 30], [61, 31]]
     assert m["soak/series"]["threads"]["driver 100"] == [[0, 9]]
+
+
+def test_an_aborted_soak_says_where_it_stopped():
+    from labkit.lab.soak.run import where
+
+    def inner():
+        raise TimeoutError("x")
+
+    try:
+        inner()
+    except TimeoutError as e:
+        said = where(e)
+    assert said.startswith("test_soak_summary.py:") and " inner <- " in said and said.endswith(
+        "test_an_aborted_soak_says_where_it_stopped"), said

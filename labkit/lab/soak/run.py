@@ -148,13 +148,23 @@ class Soak:
         else:
             self.trainer.shutdown()
             self.trainer, self.restarts["trainer"] = self.new_trainer(), self.restarts["trainer"] + 1
+        if t.point == "engine.apply" and 1 not in self.replicas.fenced:  # armed in the engine (a fenced one is
+            self._disarm_engine()  # restarted, and a new actor has nothing armed)
         fenced = sorted(self.replicas.fenced)
-        if 1 not in fenced:  # a fenced engine is restarted, and a new actor has nothing armed
-            fpt.disarm_in_actor(self.engines[1]._actor, timeout_s=10)
         live = [e.checksums() for i, e in enumerate(self.engines) if i not in fenced]
         return {"sync": st.index, "kind": t.kind, "transport": t.transport, "point": t.point, "fired": fired,
                 "states": states, "error": None if err is None else str(err)[:200], "fenced": fenced,
                 "engines_agree": all(a == live[0] for a in live)}
+
+    def _disarm_engine(self) -> None:
+        """The actor engine's failpoint cleared before the next sync; an engine that does not answer is fenced (and
+        revived like a dead one), not left live with a fault still armed."""
+        import ray
+
+        try:
+            fpt.disarm_in_actor(self.engines[1]._actor, timeout_s=10)
+        except ray.exceptions.RayError:
+            self.replicas.fenced.add(1)
 
     def revive_fenced(self, wait: bool = False) -> None:
         """Fenced engines come back without holding up the syncs: one that is dead or wedged restarts in the
@@ -213,6 +223,14 @@ class Soak:
                 "accept_rate": out["metrics"]["mtp/accept_rate"], "repeat_equal": runs[0] == runs[1]}
 
 
+def where(e: BaseException, frames: int = 4) -> str:
+    """The innermost frames of `e`'s traceback, file:line function: an aborted run says where it stopped."""
+    import traceback
+
+    tb = traceback.extract_tb(e.__traceback__)[-frames:]
+    return " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(tb))
+
+
 def compact(sample: dict) -> dict:
     """A resource sample in the few numbers the summary reads (a soak keeps one per sync)."""
     store = sample["object_store"] or {}
@@ -239,7 +257,7 @@ def run(cfg: SoakConfig | None = None, on_row=None) -> dict:
             try:
                 rows.append(soak.step(st))
             except Exception as e:  # noqa: BLE001 - the run so far is summarized, not lost; the verdict fails
-                aborted = f"sync {st.index}: {type(e).__name__}: {e}"[:400]
+                aborted = f"sync {st.index}: {type(e).__name__}: {e}"[:300] + f" (at {where(e)})"
                 break
             bar.update()
             bar.set_postfix_str(f"{st.transport} {st.fault.kind if st.fault else ''}".strip())
