@@ -71,3 +71,23 @@ def test_a_failed_broadcast_releases_the_group_so_a_live_receiver_fails_at_once(
         for p in procs:
             p.kill()
             p.join(timeout=10)
+
+
+def test_close_after_a_released_group_still_tells_the_engine_once():
+    """A failed broadcast releases this side of the group; the engine's side is still dropped by `close`, once."""
+    from labkit.sync.transports.distributed import Distributed
+
+    class Engine:
+        def __init__(self):
+            self.dropped = []
+
+        def destroy_weights_update_group(self, name):
+            self.dropped.append(name)
+
+    t, engine = Distributed(), Engine()
+    t.close(engine)
+    assert engine.dropped == []  # never built: nothing to drop
+    t.joined, t.landed, t.released = True, False, True  # what a failed broadcast leaves (pg released, None)
+    t.close(engine)
+    t.close(engine)
+    assert engine.dropped == ["labkit_weight_update"]

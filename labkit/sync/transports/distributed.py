@@ -102,6 +102,7 @@ class Distributed:
         self.pg, self.port_retries, self.flat, self.apply_path = None, 0, False, "load_weights"
         self.landed = True  # every send so far returned: the engine is not stuck in a receive
         self.released = False  # this side of the group is gone (`release`)
+        self.joined = False  # the group was built and `close` has not run: the engines must be told to drop it
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="labkit-engine")
 
     @property
@@ -125,6 +126,7 @@ class Distributed:
             engine.init_weights_update_group, master_address=addr, master_port=port, rank_offset=1,
             world_size=world, group_name=self.group_name, backend=backend)
         self.pg = join_group(store, world, self.group_name, backend, self.timeout_s)
+        self.joined = True
         fut.result(timeout=self.timeout_s)
 
     def send(self, engine, b: Bucket, tensors=None, flat: torch.Tensor | None = None) -> dict:
@@ -147,7 +149,7 @@ class Distributed:
         return {"encode": encode, "transfer": t1 - t0, "load": time.perf_counter() - t1}
 
     def close(self, engine) -> None:
-        if self.pg is None and self.released:
+        if not self.joined:  # never built, or closed already (a failed broadcast released it: still closed here)
             return
         try:
             # Read before the group goes (a failing read must not leave it behind); not after a send that did not
@@ -161,6 +163,7 @@ class Distributed:
                 engine.destroy_weights_update_group(self.group_name)
             finally:
                 self.release()
+                self.joined = False
                 self._pool.shutdown(wait=False)
 
     def release(self) -> None:
