@@ -8,9 +8,7 @@ like the HTTP server's JSON, so the handle treats both backends alike.
 
 from __future__ import annotations
 
-import collections
 import os
-import threading
 import time
 
 import psutil
@@ -18,6 +16,7 @@ import psutil
 from labkit.cluster import allocator, runtime
 from labkit.compat import quiet
 from labkit.compat import sglang as compat
+from labkit.engine import last_words
 from labkit.engine.errors import EngineUnreachable
 
 # Ray, SGLang and torch are imported where they are crossed: labkit.engine.http imports this module for
@@ -34,47 +33,6 @@ def _ok(res) -> dict:
     return {"success": True, "message": "" if res is None else str(res)}
 
 
-class _LaunchFailed(RuntimeError):
-    pass
-
-
-def _launch_sigquit(signum, frame):
-    """SGLang's children SIGQUIT their parent when they fail during launch. SGLang's default handler then
-    kills this whole process, so a Ray actor would die without saying why; we raise instead, which aborts
-    Engine.__init__ where it waits, and report the child's traceback. (Module-level: ServerArgs is pickled
-    to the children. Once serving, SGLang's tokenizer manager installs its own handler.)"""
-    raise _LaunchFailed("an SGLang subprocess failed during engine launch (SIGQUIT)")
-
-
-class _StderrTee:
-    """Keep the last lines written to fd 2 by this process and by the SGLang processes it spawns (they
-    inherit fd 2), while still passing everything through to the original stderr (Ray's worker log)."""
-
-    def __init__(self, keep: int = 300):
-        self.lines = collections.deque(maxlen=keep)
-        self._orig = os.dup(2)
-        r, w = os.pipe()
-        os.dup2(w, 2)
-        os.close(w)
-        threading.Thread(target=self._pump, args=(r,), daemon=True, name="labkit-stderr-tee").start()
-
-    def _pump(self, r: int) -> None:
-        pending = b""
-        while chunk := os.read(r, 65536):
-            os.write(self._orig, chunk)
-            *done, pending = (pending + chunk).split(b"\n")
-            self.lines.extend(x.decode(errors="replace") for x in done)
-
-    def root_cause(self) -> str:
-        """SGLang's own failure: the last exception line (`SomeError: message`) and the lines before it."""
-        lines = list(self.lines)
-        for i in range(len(lines) - 1, -1, -1):
-            head = lines[i].split(":", 1)[0]
-            if head and " " not in head and (head.endswith(("Error", "Exception")) or "Error" in head):
-                return "\n".join(lines[max(0, i - 6): i + 1])
-        return "\n".join(lines[-15:])
-
-
 class EngineActor:
     """Wrapped with `ray.remote` by `remote_class()` so that importing this module does not import Ray. A failed
     start does not raise from __init__ (Ray would bury SGLang's message in its own): `ready()` answers {"error": ...}
@@ -87,17 +45,19 @@ class EngineActor:
         self.layers = compat.apply()
         # SGLang's registry serves our MiMo (adds get_weights_by_name) and loads its own zoo on demand.
         os.environ.setdefault("SGLANG_EXTERNAL_MODEL_PACKAGE", MODEL_PACKAGE)
-        self._tee = _StderrTee()
+        self._tee = last_words.StderrTee()
         try:
+            import ray
             import sglang
             import torch
 
             device = "cuda" if torch.cuda.is_available() else "cpu"
-            self.engine = sglang.Engine(**cfg.sglang_kwargs(device), custom_sigquit_handler=_launch_sigquit)
+            self.engine = sglang.Engine(**cfg.sglang_kwargs(device), custom_sigquit_handler=last_words.launch_sigquit)
             # What startup built (model, allocators, modules) lives as long as the engine: freeze_gc moves it out of
             # reach of the gc.collect() SGLang's CPU empty_cache runs in every flush_cache, i.e. every weight update.
             self.engine.freeze_gc()
-        except BaseException as e:  # incl. _LaunchFailed raised from the signal handler
+            last_words.record_on_sigquit(self.engine, self._tee, ray.get_runtime_context().get_actor_id())
+        except BaseException as e:  # incl. LaunchFailed raised from the signal handler
             time.sleep(0.5)  # let the pump take the child's last lines
             self.error = f"{type(e).__name__}: {e}\n--- SGLang's error ---\n{self._tee.root_cause()}"
             self._kill_children()
@@ -278,7 +238,9 @@ class ActorBackend:
                 raise EngineUnreachable(f"engine actor call {method} did not answer within "
                                         f"{self.timeout_s:.0f} s") from None
             except ray.exceptions.ActorDiedError as e:
-                raise EngineUnreachable(f"engine actor died ({method}): {e}") from None
+                said = last_words.summary(last_words.heard(self.actor))
+                raise EngineUnreachable(f"engine actor died ({method})"
+                                        + (f"; SGLang said: {said}" if said else "") + f" [Ray: {e}]") from None
 
         return call
 
@@ -291,6 +253,7 @@ class ActorBackend:
             removed = []
         ray.kill(self.actor, no_restart=True)
         runtime.wait_dead([self.actor])
+        last_words.forget(self.actor)
         return removed + compat.cleanup_shm()
 
 

@@ -183,6 +183,21 @@ def test_engine_killed_mid_sync_is_restarted_and_restored(engine, trainer_box):
     _next_sync_lands(trainer_box, engine, "distributed")
 
 
+def test_an_engine_whose_scheduler_raises_says_what_it_raised(engine, trainer_box):
+    """SGLang's scheduler raising inside an apply takes the engine actor down; the error says what it raised."""
+    guard = guard_for(engine)
+    _train(trainer_box["t"], seed=53)
+    guard.sync(trainer_box["t"], SyncConfig(transport="colocated", **FAST), _spec(engine))  # a known last good copy
+    _train(trainer_box["t"], seed=54)
+    before, v_before = engine.checksums(), engine.weight_version
+    fp.arm_in_actor(engine._actor, "engine.apply", "raise", 1, match=".k_proj.")
+    with pytest.raises(SyncFailed) as err:
+        guard.sync(trainer_box["t"], SyncConfig(transport="per-tensor", **FAST), _spec(engine))
+    assert "SGLang said: labkit.failpoints.FaultInjected: injected fault at engine.apply" in str(err.value), err.value
+    assert err.value.metrics["sync/engine_restarted"] is True
+    _assert_restored(err.value, engine, before, v_before)
+
+
 def test_hanging_broadcast_peer_is_bounded_by_the_deadline(engine, trainer_box):
     t0 = time.monotonic()
     err, before, v_before, _ = _fault_sync(trainer_box, engine, "distributed", "transport.send", "hang", 2,
