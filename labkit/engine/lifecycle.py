@@ -16,10 +16,11 @@ from labkit.models import hf
 
 
 def check_model_dir(model_dir: str) -> None:
-    """Fail before starting anything when the directory cannot be an HF model directory with weights
-    (labkit.models.hf.check_model_dir, raised as EngineError)."""
+    """Fail before starting anything when the directory cannot be an HF model directory with weights, or holds a
+    family variant labkit cannot serve (labkit.models.hf.check_model_dir and check_family, raised as EngineError)."""
     try:
-        hf.check_model_dir(model_dir, weights=True)
+        config = hf.check_model_dir(model_dir, weights=True)
+        hf.check_family(config, f"{model_dir}/config.json")
     except (OSError, ValueError) as e:
         raise EngineError(str(e)) from None
 

@@ -29,6 +29,7 @@ from labkit.engine import EngineConfig
 from labkit.engine.startup import place, start_beside
 from labkit.models.families import model_dir_for
 from labkit.models.fp8 import master_dir
+from labkit.models.hf import read_config_json
 from labkit.mtp.rollout import rollout as rollout_rows
 from labkit.sync import sync
 from labkit.sync.config import SyncConfig
@@ -118,6 +119,7 @@ class Workbench:
 
         t0 = time.perf_counter()
         self.model_dir = model_dir_for(model_dir)  # None: the shipped tiny MiMo; a family name: its preset
+        read_config_json(self.model_dir)  # a model type or family variant labkit cannot run fails before Ray starts
         self.parallel = parallel or ParallelSpec()
         self.placement = self.trainer = self.engine = self.replicas = None
         self.engines: list = []

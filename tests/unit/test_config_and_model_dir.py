@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -121,3 +122,28 @@ def test_arith_task():
     assert tokens.shape == mask.shape and mask.sum() == sum(len(q.answer) + 1 for q in ps[:4])
     with pytest.raises(ValueError, match="n=0"):
         arith.problems(0)
+
+
+@pytest.mark.parametrize("family,change,field", [
+    ("qwen3-moe-tiny", {"mlp_only_layers": [0]}, "mlp_only_layers=[0]"),  # valid in transformers
+    ("qwen3-moe-tiny", {"decoder_sparse_step": 2}, "decoder_sparse_step=2"),
+    ("deepseek-v3", {"q_lora_rank": None}, "q_lora_rank=None"),  # Moonlight's MLA: a plain q_proj
+])
+def test_a_family_variant_labkit_cannot_serve_is_refused_naming_the_field(tmp_path, family, change, field):
+    from labkit.engine import EngineError, check_model_dir
+    from labkit.models.families import make_family
+    from labkit.workbench import Workbench
+
+    d = make_family(family, tmp_path / family)
+    cfg = json.loads((d / "config.json").read_text())
+    read_config_json(d)  # the preset itself is served
+    (d / "config.json").write_text(json.dumps({**cfg, **change}))
+    with pytest.raises(ValueError, match=re.escape(field) + " in .*config.json is not supported"):
+        read_config_json(d)  # the trainer's check
+    with pytest.raises(EngineError, match=re.escape(field) + " in .*config.json is not supported"):
+        check_model_dir(str(d))  # the engine's, before its actor starts
+    with pytest.raises(ValueError, match=re.escape(field)):
+        Workbench(str(d), progress=False)  # before Ray starts
+    import ray
+
+    assert not ray.is_initialized()
