@@ -59,7 +59,7 @@ FUSED: tuple[FusedRule, ...] = (
     FusedRule("q_proj", "qkv_proj", 0, 3), FusedRule("k_proj", "qkv_proj", 1, 3),
     FusedRule("v_proj", "qkv_proj", 2, 3),
     FusedRule("gate_proj", "gate_up_proj", 0, 2), FusedRule("up_proj", "gate_up_proj", 1, 2),
-    # DeepSeek-V3 MLA with q_lora_rank (Moonlight's q_lora_rank null has a plain q_proj: not handled yet)
+    # DeepSeek-V3 MLA with q_lora_rank (MLA without one, Moonlight's, fuses nothing: `standalone`)
     FusedRule("q_a_proj", "fused_qkv_a_proj_with_mqa", 0, 2),
     FusedRule("kv_a_proj_with_mqa", "fused_qkv_a_proj_with_mqa", 1, 2),
 )
@@ -77,10 +77,36 @@ _EXPERT = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<e>\d+)\.(?P<part>gate_
                      r"\.(?P<kind>weight|weight_scale_inv)$")
 
 
-@lru_cache(maxsize=1 << 16)  # per tensor per sync: 4,179 regex matches on the MoE preset; Qwen3-30B has 18,867
-def fused_part(name: str) -> tuple[str, int, int | None] | None:
+_MLA_A = re.compile(r"^(?P<prefix>.*\.self_attn)\.(?P<part>q_a_proj|kv_a_proj_with_mqa)\.")
+NONE: frozenset[str] = frozenset()
+
+
+def standalone(names: Iterable[str]) -> frozenset[str]:
+    """The names a `FUSED` rule matches that load alone in this model: MLA without a q LoRA (Moonlight's
+    `q_lora_rank: null`) has a plain `q_proj` beside `kv_a_proj_with_mqa`, and SGLang fuses neither (no q_a to
+    pair kv_a with; q is not part of a q/k/v). Read off a whole model's (or plan's) names, as `part_counts`
+    reads the expert count: the name alone cannot tell Moonlight's `self_attn.q_proj` from Qwen's."""
+    names = list(names)
+    kv_a, q_a = set(), set()
+    for n in names:
+        if (m := _MLA_A.match(n)) is not None:
+            (q_a if m["part"] == "q_a_proj" else kv_a).add(m["prefix"])
+    plain = kv_a - q_a
+    if not plain:
+        return NONE
+    return frozenset(n for n in names if n.rsplit(".", 2)[0] in plain
+                     and n.split(".")[-2] in ("q_proj", "kv_a_proj_with_mqa"))
+
+
+def fused_part(name: str, alone: frozenset[str] = NONE) -> tuple[str, int, int | None] | None:
     """(engine-side fused name, shard index, group size) for a HF tensor that loads into a fused parameter,
-    else None. The size of an expert group (None) depends on the model: `part_counts`."""
+    else None. The size of an expert group (None) depends on the model: `part_counts`. `alone`: the model's
+    `standalone` names (a MLA model without q LoRA; empty for every other)."""
+    return None if name in alone else _fused_part(name)
+
+
+@lru_cache(maxsize=1 << 16)  # per tensor per sync: 4,179 regex matches on the MoE preset; Qwen3-30B has 18,867
+def _fused_part(name: str) -> tuple[str, int, int | None] | None:
     m = _EXPERT.match(name)
     if m is not None:
         e, kind = int(m["e"]), m["kind"].removeprefix("weight")  # "" or "_scale_inv"
@@ -94,36 +120,38 @@ def fused_part(name: str) -> tuple[str, int, int | None] | None:
     return f"{m['prefix']}.{r.fused}.{m['kind']}", r.index, r.size
 
 
-def fused_group(name: str) -> str:
+def fused_group(name: str, alone: frozenset[str] = NONE) -> str:
     """The engine-side parameter a HF tensor loads into (e.g. ...qkv_proj.weight), else the name itself."""
-    part = fused_part(name)
+    part = fused_part(name, alone)
     return name if part is None else part[0]
 
 
-def plan_group(name: str) -> str:
+def plan_group(name: str, alone: frozenset[str] = NONE) -> str:
     """The unit a bucket plan never splits: the fused parameter its parts must land in together, or the tensor
     itself (an expert slice loads alone). A block-FP8 scale travels in its weight's group, so the engine never
     serves a new weight with an old scale (or an old weight with a new one)."""
     if name.endswith(SCALE_SUFFIX):
         name = name.removesuffix("_scale_inv")
-    if _EXPERT.match(name) is not None:
+    if _EXPERT.match(name) is not None or name in alone:
         return name
     m = _MLA_GROUP.match(name)
     return f"{m['prefix']}.{FUSED[-1].fused}.weight" if m is not None else fused_group(name)
 
 
-def call_group(name: str) -> str:
+def call_group(name: str, alone: frozenset[str] = NONE) -> str:
     """The unit one update call of the per-tensor baseline carries: the tensor alone, except DeepSeek's MLA
     a-pair (SGLang's loader writes `fused_qkv_a_proj_with_mqa` only when q_a and kv_a arrive in one call; two
     calls both answer Success and leave it unwritten), which travels as its plan group."""
-    return plan_group(name) if _MLA_GROUP.match(name) is not None else name
+    return plan_group(name, alone) if _MLA_GROUP.match(name) is not None else name
 
 
 def part_counts(names: Iterable[str]) -> dict[str, int]:
     """{fused engine parameter: how many HF tensors fill it} over a whole model's (or plan's) tensor names."""
+    names = list(names)
+    alone = standalone(names)
     out: dict[str, int] = {}
     for name in names:
-        part = fused_part(name)
+        part = fused_part(name, alone)
         if part is not None:
             out[part[0]] = out.get(part[0], 0) + 1
     return out

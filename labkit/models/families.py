@@ -56,7 +56,8 @@ class FamilySpec:
     dense_layers: int = 0
     """MoE families: the first layers that have a dense MLP instead (DeepSeek-V3's first_k_dense_replace)."""
     q_lora: int = 32
-    """DeepSeek-V3: rank of q's low-rank projection (q_lora_rank)."""
+    """DeepSeek-V3: rank of q's low-rank projection (q_lora_rank); 0 writes `q_lora_rank: null`, a plain q_proj
+    (Moonlight)."""
     kv_lora: int = 32
     """DeepSeek-V3: rank of the compressed KV (kv_lora_rank)."""
     rope_head_dim: int = 8
@@ -68,10 +69,11 @@ class FamilySpec:
 
     def __post_init__(self) -> None:
         for f in ("hidden", "layers", "heads", "kv_heads", "head_dim", "ffn", "experts", "top_k", "moe_ffn",
-                  "shared_experts", "q_lora", "kv_lora", "rope_head_dim", "max_positions"):
+                  "shared_experts", "kv_lora", "rope_head_dim", "max_positions"):
             _int(f, getattr(self, f))
         _int("vocab", self.vocab, lo=len(VOCAB))
         _int("dense_layers", self.dense_layers, lo=0)
+        _int("q_lora", self.q_lora, lo=0)
         _int("seed", self.seed, lo=0)
         check(self.heads % self.kv_heads == 0, "kv_heads", self.kv_heads, f"a divisor of heads={self.heads}")
         check(self.top_k <= self.experts, "top_k", self.top_k, f"at most experts={self.experts}")
@@ -93,6 +95,15 @@ FAMILY_SIZES: dict[str, tuple[str, FamilySpec]] = {
                                           experts=84, moe_ffn=96)),
     "qwen3-moe-tiny": ("qwen3-moe", FamilySpec()),
     "deepseek-v3": ("deepseek-v3", FamilySpec(dense_layers=1)),
+    # Moonlight-16B-A3B's architecture (verl PR #2418's model): DeepSeek-V3 MLA without a q LoRA (a plain q_proj),
+    # two shared experts, a first dense layer. `moonlight` is tiny (an expert width 24 a CPU engine pads to 32);
+    # `moonlight-bench` has Moonlight's own tensor count, 27 layers of 64 experts (5,317 tensors; Moonlight has
+    # the same names, labkit.models.real), at widths a CPU box syncs.
+    "moonlight": ("deepseek-v3", FamilySpec(hidden=80, heads=5, kv_heads=5, experts=6, moe_ffn=24, shared_experts=2,
+                                            q_lora=0, dense_layers=1)),
+    "moonlight-bench": ("deepseek-v3", FamilySpec(hidden=64, layers=27, heads=4, kv_heads=4, head_dim=16, ffn=128,
+                                                  experts=64, top_k=6, moe_ffn=32, shared_experts=2, q_lora=0,
+                                                  dense_layers=1)),
     # Block-FP8 checkpoints (labkit.models.fp8): every quantized row block and K a multiple of 128, as SGLang's
     # Fp8 methods require (q/k/v and gate/up parts, the expert width) and its weight checker assumes.
     "qwen3-fp8": ("qwen3", FamilySpec(hidden=128, heads=2, kv_heads=1, head_dim=128, ffn=256)),
@@ -131,7 +142,7 @@ def config_fields(family: str, spec: FamilySpec) -> dict:
             **common, model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"],
             num_key_value_heads=spec.heads, n_routed_experts=spec.experts, num_experts_per_tok=spec.top_k,
             moe_intermediate_size=spec.moe_ffn, n_shared_experts=spec.shared_experts, n_group=1, topk_group=1,
-            first_k_dense_replace=spec.dense_layers, q_lora_rank=spec.q_lora, kv_lora_rank=spec.kv_lora,
+            first_k_dense_replace=spec.dense_layers, q_lora_rank=spec.q_lora or None, kv_lora_rank=spec.kv_lora,
             qk_nope_head_dim=spec.head_dim, qk_rope_head_dim=spec.rope_head_dim, v_head_dim=spec.head_dim,
             rope_parameters=rope, num_nextn_predict_layers=0, moe_layer_freq=1, topk_method="noaux_tc",
             scoring_func="sigmoid")

@@ -47,17 +47,12 @@ def read_config_json(model_dir: str | Path) -> dict:
 
 
 def check_family(cfg: dict, where) -> None:
-    """Refuse, naming the field and its value, a config.json a family's trainer bridge or engine contract would
-    get wrong deep inside a Ray actor (valid in transformers, so nothing earlier objects):
-    - Qwen3-MoE with dense layers (`mlp_only_layers`, `decoder_sparse_step` > 1): mbridge's Qwen3-MoE bridge
-      builds routed experts on every layer and its loader then stops at `ValueError: Weights {...experts...} not
-      found in safetensors files`, which names no field;
-    - DeepSeek-V3 MLA without a q LoRA (`q_lora_rank` null, Moonlight's plain `q_proj`): labkit's engine contract
-      loads q through SGLang's fused q_a/kv_a pair (labkit.engine.contract.FUSED), and the first sync stops at
-      `get_weights_by_name('...kv_a_proj_with_mqa.weight') failed`."""
-    mt = cfg.get("model_type")
-    mla = "DeepseekV3ForCausalLM" in (cfg.get("architectures") or ()) or mt in ("deepseek_v3", "kimi_k2")
-    if mt == "qwen3_moe":
+    """Refuse, naming the field and its value, a config.json a family's trainer bridge would get wrong deep inside
+    a Ray actor (valid in transformers, so nothing earlier objects): Qwen3-MoE with dense layers
+    (`mlp_only_layers`, `decoder_sparse_step` > 1), where mbridge's Qwen3-MoE bridge builds routed experts on
+    every layer and its loader then stops at `ValueError: Weights {...experts...} not found in safetensors files`,
+    which names no field."""
+    if cfg.get("model_type") == "qwen3_moe":
         if cfg.get("mlp_only_layers"):
             raise ValueError(f"mlp_only_layers={cfg['mlp_only_layers']} in {where} is not supported: the trainer's "
                              "bridge (mbridge's Qwen3-MoE) puts routed experts on every layer, so a dense layer's "
@@ -66,10 +61,6 @@ def check_family(cfg: dict, where) -> None:
             raise ValueError(f"decoder_sparse_step={cfg['decoder_sparse_step']} in {where} is not supported: the "
                              "trainer's bridge (mbridge's Qwen3-MoE) puts routed experts on every layer; "
                              "supported: decoder_sparse_step=1")
-    if mla and not cfg.get("q_lora_rank"):
-        raise ValueError(f"q_lora_rank={cfg.get('q_lora_rank')!r} in {where} is not supported: labkit syncs MLA's "
-                         "q through SGLang's fused q_a/kv_a pair (q_lora_rank > 0, as DeepSeek-V3 and Kimi-K2); "
-                         "MLA with a plain q_proj (Moonlight) is not handled yet")
 
 
 EXPERT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")

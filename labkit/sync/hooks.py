@@ -13,7 +13,7 @@ from typing import Protocol
 import torch
 
 from labkit.engine import checksum as ck
-from labkit.engine.contract import part_counts
+from labkit.engine.contract import NONE, part_counts, standalone
 from labkit.sync import bucket as bk
 from labkit.sync import lastgood
 from labkit.sync import verify as vf
@@ -48,8 +48,9 @@ class Checksums(Hook):
 
     phase = "verify"
 
-    def __init__(self, sizes: dict[str, int] | None = None, ffn_pad: int = 1, algo: str = ck.DEFAULT):
-        self.expected = vf.Expected(sizes, ffn_pad, algo)
+    def __init__(self, sizes: dict[str, int] | None = None, ffn_pad: int = 1, algo: str = ck.DEFAULT,
+                 alone: frozenset[str] = NONE):
+        self.expected = vf.Expected(sizes, ffn_pad, algo, alone)
 
     def on_bucket(self, b, tensors, flat) -> None:
         self.expected.add(_engine_dtype(b, tensors))
@@ -112,12 +113,13 @@ def for_config(cfg: SyncConfig, plan=None, engine_spec: dict | None = None,
     (labkit.sync.plan.Plan) tells the checksums how many parts fill each fused parameter, `engine_spec` the
     engine's FFN padding and the hash its checker runs; `slots`, the syncer's kept mappings of rollback copies."""
     sizes = part_counts(t.name for t in plan.tensors) if plan is not None else None
+    alone = standalone(t.name for t in plan.tensors) if plan is not None else NONE
     spec = engine_spec or {}
     hooks: list[Hook] = []
     if cfg.verify == "full":
         hooks.append(FullCopies())
     elif cfg.verify != "none":
-        hooks.append(Checksums(sizes, spec.get("ffn_pad", 1), spec.get("checksum", ck.DEFAULT)))
+        hooks.append(Checksums(sizes, spec.get("ffn_pad", 1), spec.get("checksum", ck.DEFAULT), alone))
     if cfg.stage_dir:
         capacity = plan.total_bytes + lastgood.ALIGN * len(plan.tensors) if plan is not None else 0
         hooks.append(Stage(cfg.stage_dir, slots, capacity))

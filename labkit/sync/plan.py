@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from labkit.engine.contract import call_group, check_tensors, fused_group, plan_group  # noqa: F401 (re-exported)
+from labkit.engine.contract import call_group, check_tensors, fused_group, plan_group, standalone  # noqa: F401
 from labkit.models import fp8
 from labkit.sync.config import MB, SyncConfig
 
@@ -101,16 +101,19 @@ def check_bucket_bytes(bucket_bytes: object, budget_bytes: int | None = None) ->
 
 
 def plan_buckets(tensors: Iterable[TensorMeta], bucket_bytes: int,
-                 group: Callable[[str], str] = plan_group, budget_bytes: int | None = None) -> Plan:
-    """Greedy, order-preserving packing of groups into buckets of at most `bucket_bytes`."""
+                 group: Callable[[str, frozenset[str]], str] = plan_group, budget_bytes: int | None = None) -> Plan:
+    """Greedy, order-preserving packing of groups into buckets of at most `bucket_bytes`. `group(name, alone)`:
+    the unit never split (`alone`: the tensors' `standalone` names)."""
     check_bucket_bytes(bucket_bytes, budget_bytes)
+    tensors = list(tensors)
+    alone = standalone(t.name for t in tensors)
     seen, dropped, groups = set(), [], {}  # groups: group key -> its tensors, in first-seen order
     for t in tensors:
         if t.name in seen:
             dropped.append(t.name)
             continue
         seen.add(t.name)
-        groups.setdefault(group(t.name), []).append(t)
+        groups.setdefault(group(t.name, alone), []).append(t)
 
     buckets: list[Bucket] = []
     current: list[TensorMeta] = []

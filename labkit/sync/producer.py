@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Iterable, Protocol
 
-from labkit.sync.plan import plan_group
+from labkit.sync.plan import plan_group, standalone
 
 __all__ = ["Consumer", "Producer", "LocalProducer"]
 
@@ -54,9 +54,10 @@ class LocalProducer:
                   deadline_s: float | None = None) -> dict:
         named = list(self.named_tensors)
         first: dict[str, int] = {}
+        alone = standalone(name for name, _ in named)
         for i, (name, _) in enumerate(named):
-            first.setdefault(plan_group(name), i)
-        named.sort(key=lambda p: first[plan_group(p[0])])  # stable: a group lands where its first member was
+            first.setdefault(plan_group(name, alone), i)
+        named.sort(key=lambda p: first[plan_group(p[0], alone)])  # stable: a group lands where its first member was
         try:
             return consumer.run(iter(named), engine, cfg, engine_spec, weight_version, exclude=tuple(exclude))
         finally:

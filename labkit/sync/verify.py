@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from labkit.engine import checksum as ck
-from labkit.engine.contract import engine_shape, fused_part
+from labkit.engine.contract import NONE, engine_shape, fused_part, standalone
 
 # Private metrics key: the engine's checksums read by verification, handed to the atomic guard (its "after")
 # so the whole model is not hashed twice per sync; `sync()`/`stream()` drop it before returning.
@@ -44,10 +44,10 @@ def padded(name: str, t: torch.Tensor, ffn_pad: int = 1) -> torch.Tensor:
 def engine_layout(named: dict[str, torch.Tensor], ffn_pad: int = 1) -> dict[str, torch.Tensor]:
     """HF names -> the engine's parameters (TP=1 engine layout: fused groups, padded vocabulary and FFN)."""
     fused: dict[str, dict[int, torch.Tensor]] = {}  # key -> {index: part}
-    out = {}
+    out, alone = {}, standalone(named)
     for name, t in named.items():
         t = padded(name, t, ffn_pad)
-        part = fused_part(name)
+        part = fused_part(name, alone)
         if part is None:
             out[name] = t
         else:
@@ -67,19 +67,21 @@ class Expected:
     the parts are copied and hashed at the end (neither SGLang's device hash nor labkit's, which algorithm "device" runs
     on every tensor, is incremental: `ck.whole`). `ffn_pad`: the engine's FFN padding (`padded`). `sizes`: parts per
     fused parameter (`labkit.engine.contract.part_counts` over the plan's names), needed for experts, whose count is not
-    in their names. `algo`: the engine checker's hash (labkit.engine.checksum)."""
+    in their names. `algo`: the engine checker's hash (labkit.engine.checksum). `alone`: the plan's
+    `labkit.engine.contract.standalone` names (fused by name, loaded alone in this model)."""
 
-    def __init__(self, sizes: dict[str, int] | None = None, ffn_pad: int = 1, algo: str = ck.DEFAULT):
+    def __init__(self, sizes: dict[str, int] | None = None, ffn_pad: int = 1, algo: str = ck.DEFAULT,
+                 alone: frozenset[str] = NONE):
         ck.check_algo(algo)  # an unknown algorithm is refused here, before the first bucket
         self.checksums: dict[str, str] = {}
-        self.sizes, self.ffn_pad, self.algo = dict(sizes or {}), ffn_pad, algo
+        self.sizes, self.ffn_pad, self.algo, self.alone = dict(sizes or {}), ffn_pad, algo, alone
         self._parts: dict[str, dict[int, torch.Tensor]] = {}  # parts held until their turn
         self._streams: dict[str, list] = {}  # key -> [running hash, next index]
 
     def add(self, named: dict[str, torch.Tensor]) -> None:
         for name, t in named.items():
             t = padded(name, t, self.ffn_pad)
-            part = fused_part(name)
+            part = fused_part(name, self.alone)
             if part is None:
                 self.checksums[name] = tensor_checksum(t, self.algo)
                 continue

@@ -127,7 +127,6 @@ def test_arith_task():
 @pytest.mark.parametrize("family,change,field", [
     ("qwen3-moe-tiny", {"mlp_only_layers": [0]}, "mlp_only_layers=[0]"),  # valid in transformers
     ("qwen3-moe-tiny", {"decoder_sparse_step": 2}, "decoder_sparse_step=2"),
-    ("deepseek-v3", {"q_lora_rank": None}, "q_lora_rank=None"),  # Moonlight's MLA: a plain q_proj
 ])
 def test_a_family_variant_labkit_cannot_serve_is_refused_naming_the_field(tmp_path, family, change, field):
     from labkit.engine import EngineError, check_model_dir

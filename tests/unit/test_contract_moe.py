@@ -152,3 +152,30 @@ def test_engine_layout_of_random_odd_sizes_has_sglang_cpu_shapes(family, seed):
     for b in plan_buckets(metas, rng.randint(1, 64) * 128).buckets:
         acc.add({n: named[n] for n in b.names})
     assert acc.finish() == expected_checksums(named, ffn_pad=32)
+
+
+def test_mla_without_a_q_lora_fuses_neither_q_nor_kv_a():
+    """Moonlight: `self_attn.q_proj` is a parameter of its own (not a part of q/k/v, as Qwen's name is) and
+    kv_a_proj_with_mqa has no q_a to pair with; every other fused group is as in DeepSeek-V3."""
+    from labkit.engine.contract import call_group, standalone
+    from labkit.models.naming import hf_tensors
+    from labkit.models.real import DEEPSEEK_V3, MOONLIGHT_16B_A3B, QWEN3_30B_A3B
+
+    names = list(tensor_shapes("moonlight"))
+    alone = standalone(names)
+    attn = [f"model.layers.{i}.self_attn" for i in range(2)]
+    assert alone == {f"{a}.{p}.weight" for a in attn for p in ("q_proj", "kv_a_proj_with_mqa")}
+    assert all(fused_part(n, alone) is None and plan_group(n, alone) == n == call_group(n, alone) for n in alone)
+    assert fused_part(f"{attn[0]}.q_proj.weight") == (f"{attn[0]}.qkv_proj.weight", 0, 3)
+    counts = part_counts(names)
+    assert not any("qkv" in k for k in counts) and counts["model.layers.1.mlp.experts.w13_weight"] == 12
+    named = init_weights("moonlight")
+    layout = engine_layout(named)
+    assert all(torch.equal(layout[n], named[n]) for n in alone)
+    assert not any(k.endswith(("qkv_proj.weight", "fused_qkv_a_proj_with_mqa.weight")) for k in layout)
+    # the real configs: Moonlight's 27 layers are all plain; DeepSeek-V3's and Qwen3's names have nothing alone
+    assert len(standalone(n for n, _ in hf_tensors(MOONLIGHT_16B_A3B))) == 2 * 27
+    assert standalone(n for n, _ in hf_tensors(DEEPSEEK_V3)) == standalone(n for n, _ in hf_tensors(QWEN3_30B_A3B))
+    assert not standalone(n for n, _ in hf_tensors(DEEPSEEK_V3))
+    plan = plan_buckets([TensorMeta(n, tuple(t.shape), "float32") for n, t in named.items()], 1)
+    assert all(len(b.tensors) == 1 for b in plan.buckets if b.tensors[0].name in alone)

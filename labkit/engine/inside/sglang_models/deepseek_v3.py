@@ -23,14 +23,21 @@ from labkit.engine.contract import fused_part
 from labkit.engine.inside.sglang_models.weights import SCALE, LabkitWeights
 
 A_PAIR = "fused_qkv_a_proj_with_mqa.weight"
+PLAIN = ("q_proj", "kv_a_proj_with_mqa")  # MLA without q LoRA: not fused (labkit.engine.contract.standalone)
 
 if not torch.cuda.is_available() and "torch_native" not in _backends.AttentionBackendRegistry._handlers:
     _backends.AttentionBackendRegistry.register("torch_native", _backends._dispatch_mla_subtype)
 
 
 class DeepseekV3ForCausalLM(LabkitWeights, _SGLangDeepseekV3):
+    def labkit_fused_part(self, name: str):
+        """Without a q LoRA (Moonlight) SGLang keeps `q_proj` and `kv_a_proj_with_mqa` as parameters of their own."""
+        if not self.config.q_lora_rank and name.split(".")[-2] in PLAIN:
+            return None
+        return fused_part(name)
+
     def param_view(self, name: str):
-        part = fused_part(name)
+        part = self.labkit_fused_part(name)
         if part is None or not part[0].endswith((A_PAIR, A_PAIR + SCALE)):
             return super().param_view(name)
         weight = self.get_parameter(part[0]).data

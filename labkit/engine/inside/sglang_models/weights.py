@@ -76,7 +76,7 @@ class LabkitWeights:
         plain copy into one. A tied lm_head is SGLang's loader's to skip."""
         if any(s in name for s in IGNORED) or (name == "lm_head.weight" and self.config.tie_word_embeddings):
             return None
-        part = fused_part(name)
+        part = self.labkit_fused_part(name)
         target = name if part is None else part[0]
         try:
             weight = self.get_parameter(target).data
@@ -96,6 +96,10 @@ class LabkitWeights:
             return target, weight.narrow(1, 0, self._true_ffn(target) or weight.shape[1])
         org = getattr(owner, "org_vocab_size", None)  # vocab-parallel tables are padded
         return target, (weight[:org] if org is not None and weight.shape[0] > org else weight)
+
+    def labkit_fused_part(self, name: str):
+        """`labkit.engine.contract.fused_part` for this model (a model fusing less overrides it)."""
+        return fused_part(name)
 
     def _scale_block(self) -> int:
         """Rows of weight per row of a block-FP8 scale (SGLang's Fp8Config.weight_block_size[0])."""
