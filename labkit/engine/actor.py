@@ -14,7 +14,7 @@ import time
 import psutil
 
 from labkit.cluster import allocator, runtime
-from labkit.compat import quiet
+from labkit.compat import cpu_tp, quiet
 from labkit.compat import sglang as compat
 from labkit.engine import last_words
 from labkit.engine.errors import EngineUnreachable
@@ -45,6 +45,8 @@ class EngineActor:
         self.layers = compat.apply()
         # SGLang's registry serves our MiMo (adds get_weights_by_name) and loads its own zoo on demand.
         os.environ.setdefault("SGLANG_EXTERNAL_MODEL_PACKAGE", MODEL_PACKAGE)
+        if self.layers:  # CPU: TP > 1 ranks bind their threads to cores of their own (labkit.compat.cpu_tp)
+            os.environ.update(cpu_tp.launch_env(cfg.tp))
         self._tee = last_words.StderrTee()
         try:
             import ray

@@ -78,7 +78,8 @@ class EngineConfig:
     max_total_tokens: int | None = None
     """SGLang's KV-cache size in tokens (None: SGLang's default; CPU_DEFAULT_MAX_TOTAL_TOKENS on CPU)."""
     tp: int = 1
-    """SGLang tensor parallelism (CPU engines run TP=1, checked at start where the device is known)."""
+    """SGLang tensor parallelism (on CPU at most one rank per core: labkit.compat.cpu_tp, checked at start where the
+    device is known)."""
     random_seed: int = 0
     """SGLang's sampling seed."""
     url: str | None = None
@@ -104,7 +105,7 @@ class EngineConfig:
               "EngineConfig.mem_fraction_static", self.mem_fraction_static, "None or a float in (0, 1]")
         if self.max_total_tokens is not None:
             _pos_int("EngineConfig.max_total_tokens", self.max_total_tokens, "None or a positive int")
-        _pos_int("EngineConfig.tp", self.tp, "a positive int (1 on CPU)")
+        _pos_int("EngineConfig.tp", self.tp, "a positive int")
         check(_is_int(self.random_seed), "EngineConfig.random_seed", self.random_seed, "an int")
         check(self.url is None or (isinstance(self.url, str) and self.url.startswith(("http://", "https://"))),
               "EngineConfig.url", self.url, "None (in-process engine in a Ray actor) or an http(s):// URL")

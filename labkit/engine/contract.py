@@ -86,16 +86,12 @@ def standalone(names: Iterable[str]) -> frozenset[str]:
     `q_lora_rank: null`) has a plain `q_proj` beside `kv_a_proj_with_mqa`, and SGLang fuses neither (no q_a to
     pair kv_a with; q is not part of a q/k/v). Read off a whole model's (or plan's) names, as `part_counts`
     reads the expert count: the name alone cannot tell Moonlight's `self_attn.q_proj` from Qwen's."""
-    names = list(names)
-    kv_a, q_a = set(), set()
-    for n in names:
-        if (m := _MLA_A.match(n)) is not None:
-            (q_a if m["part"] == "q_a_proj" else kv_a).add(m["prefix"])
+    names, kv_a, q_a = list(names), set(), set()
+    for m in filter(None, map(_MLA_A.match, names)):
+        (q_a if m["part"] == "q_a_proj" else kv_a).add(m["prefix"])
     plain = kv_a - q_a
-    if not plain:
-        return NONE
     return frozenset(n for n in names if n.rsplit(".", 2)[0] in plain
-                     and n.split(".")[-2] in ("q_proj", "kv_a_proj_with_mqa"))
+                     and n.split(".")[-2] in ("q_proj", "kv_a_proj_with_mqa")) if plain else NONE
 
 
 def fused_part(name: str, alone: frozenset[str] = NONE) -> tuple[str, int, int | None] | None:

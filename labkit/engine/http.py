@@ -26,6 +26,7 @@ import psutil
 
 from labkit.cluster import allocator
 from labkit.cluster.runtime import free_port
+from labkit.compat import cpu_tp
 from labkit.compat import sglang as compat
 from labkit.engine.actor import MODEL_PACKAGE  # cheap: actor.py imports Ray/SGLang only inside functions
 from labkit.engine.errors import EngineError, EngineUnreachable
@@ -229,6 +230,8 @@ class ServerProcess:
         allocator.install()  # the server and its scheduler hand freed memory back (labkit.cluster.allocator)
         env = compat.env()  # SGLANG_USE_CPU_ENGINE + placeholder first on PYTHONPATH (CPU only)
         env.setdefault("SGLANG_EXTERNAL_MODEL_PACKAGE", MODEL_PACKAGE)
+        if device == "cpu":  # TP > 1 ranks bind their threads to cores of their own (labkit.compat.cpu_tp)
+            env.update(cpu_tp.launch_env(cfg.tp, env))
         # GET /health as liveness (what the actor backend's health answers), not a one-token generate: a paused
         # server holds that generate, so after a failed atomic sync (generation paused) the guard's health probe
         # waited out the call timeout, read "dead" and restarted a live server (~60 s) instead of restoring it.

@@ -8,6 +8,7 @@ started, so importing labkit.engine stays cheap.
 from __future__ import annotations
 
 from labkit.cluster import runtime
+from labkit.compat import cpu_tp
 from labkit.engine.actor import ActorBackend, remote_class
 from labkit.engine.config import EngineConfig
 from labkit.engine.errors import EngineError, EngineUnreachable, Unsupported
@@ -48,8 +49,11 @@ def check_startable(cfg: EngineConfig, speculative: bool = True) -> None:
     """Refuse, before any process starts, what a CPU engine cannot run (it would crash or hang SGLang)."""
     check_model_dir(cfg.model_dir)
     check_quantized_dtype(cfg)
-    if cfg.tp != 1 and cpu():
-        raise Unsupported(f"EngineConfig.tp={cfg.tp}: a CPU engine runs TP=1 only")
+    if cfg.tp > 1 and cpu():  # each rank binds its threads to cores of its own (labkit.compat.cpu_tp)
+        try:
+            cpu_tp.threads_bind(cfg.tp)
+        except ValueError as e:
+            raise Unsupported(f"EngineConfig.tp={cfg.tp}: {e}") from None
     if speculative and cfg.speculative is not None and cpu():
         raise Unsupported("EngineConfig.speculative: SGLang speculative decoding (EAGLE/NEXTN) needs CUDA; on CPU "
                           "labkit.mtp.speculative measures acceptance over the same weights")

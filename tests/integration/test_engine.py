@@ -115,6 +115,23 @@ def test_greedy_generation_matches_transformers(engine, engine_model_dir):
         assert gap > 1e-4, f"{p!r}: greedy margin {gap:.1e} too small for a meaningful comparison"
 
 
+def test_a_cpu_engine_at_tp2_answers_greedy_as_transformers_does(engine_model_dir):
+    """labkit.compat.cpu_tp: SGLang's CPU engine at TP=2 (two schedulers, each bound to a core of its own, their
+    all-reduce over gloo instead of a NCCL communicator SGLang would build for a CPU group) generates transformers'
+    greedy tokens; a labkit sync into it is refused by name, since labkit verifies TP=1 engines only."""
+    handle = EngineHandle.start(engine_config(engine_model_dir, tp=2))
+    info = handle._b.ready()
+    try:
+        ids = [tokenizer.encode(p) for p in PROMPTS]
+        for i, o in zip(ids, handle.generate(input_ids=ids, sampling=GREEDY)):
+            assert o["tokens"] == _hf_greedy(engine_model_dir, i, GREEDY["max_new_tokens"])[0]
+        with pytest.raises(Unsupported, match="the engine reports 2 ranks"):
+            handle.checksums()
+    finally:
+        handle.shutdown()
+    assert not live([info["pid"], *info["children"]]) and not shm_leftovers([info["pid"]])
+
+
 def test_per_request_sampling_seeds_repeat_across_batches_and_differ_between_seeds(engine):
     """labkit.compat.seeded: SGLang's CPU engine ignores `sampling_seed` on its own (deterministic inference is
     refused there). With the compat layer a (prompt, seed) gives the same tokens in any batch order or company,

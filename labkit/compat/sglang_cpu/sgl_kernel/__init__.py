@@ -77,3 +77,8 @@ _loopback.patch_tcp_rendezvous()
 from labkit.compat import seeded as _seeded  # noqa: E402
 
 _seeded.register_kernel()
+
+# SGLang's CPU engine at TP > 1: no NCCL communicator for CPU groups (labkit.compat.cpu_tp).
+from labkit.compat import cpu_tp as _cpu_tp  # noqa: E402
+
+_cpu_tp.patch_parallel_state()

@@ -15,7 +15,7 @@ engine parameter that holds it, and routing labkit's payloads to labkit's loader
 - the weight checker: constructing a labkit model makes SGLang's `check_weights` hash CPU tensors with xxh3
   (`install_checksum`; labkit.engine.checksum says why), and `get_weights_by_name(CHECKSUM_NAME)` says whether
   it did, so the trainer hashes its expectation the same way.
-TP=1 only (what a CPU engine runs; at TP>1 each rank's loader cuts its own shard and labkit falls back to it).
+TP=1 only (at TP>1 each rank's loader cuts its own shard and labkit falls back to it).
 """
 
 from __future__ import annotations
