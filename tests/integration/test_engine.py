@@ -72,13 +72,16 @@ def test_config_validation_names_field_value_and_allowed():
 
 
 def test_version_guard_and_cpu_tp_refusal(engine_model_dir):
+    import os
+
     from labkit.compat import sglang as compat
 
     assert compat.check_sglang_version() == "0.5.23"
     with pytest.raises(RuntimeError, match=r"written for sglang 0\.5\.23, found sglang '0\.5\.22'"):
         compat.check_sglang_version("0.5.22")
-    with pytest.raises(Unsupported, match="TP=1"):
-        EngineHandle.start(engine_config(engine_model_dir, tp=2))
+    cores = len(os.sched_getaffinity(0))  # a CPU engine runs at most one rank per core (labkit.compat.cpu_tp)
+    with pytest.raises(Unsupported, match=f"tp={cores + 1} is invalid on this CPU engine"):
+        EngineHandle.start(engine_config(engine_model_dir, tp=cores + 1))
 
 
 def test_bad_model_dir_fails_early_naming_it(tmp_path):

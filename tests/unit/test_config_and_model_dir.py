@@ -128,10 +128,13 @@ def test_arith_task():
     ("qwen3-moe-tiny", {"mlp_only_layers": [0]}, "mlp_only_layers=[0]"),  # valid in transformers
     ("qwen3-moe-tiny", {"decoder_sparse_step": 2}, "decoder_sparse_step=2"),
 ])
-def test_a_family_variant_labkit_cannot_serve_is_refused_naming_the_field(tmp_path, family, change, field):
+def test_a_family_variant_labkit_cannot_serve_is_refused_naming_the_field(tmp_path, monkeypatch, family, change,
+                                                                         field):
     from labkit.engine import EngineError, check_model_dir
     from labkit.models.families import make_family
-    from labkit.workbench import Workbench
+    from labkit.workbench import Workbench, core
+
+    monkeypatch.setattr(core.runtime, "init", lambda *a, **k: pytest.fail("the Workbench started Ray"))
 
     d = make_family(family, tmp_path / family)
     cfg = json.loads((d / "config.json").read_text())
@@ -143,6 +146,3 @@ def test_a_family_variant_labkit_cannot_serve_is_refused_naming_the_field(tmp_pa
         check_model_dir(str(d))  # the engine's, before its actor starts
     with pytest.raises(ValueError, match=re.escape(field)):
         Workbench(str(d), progress=False)  # before Ray starts
-    import ray
-
-    assert not ray.is_initialized()
