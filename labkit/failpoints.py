@@ -88,6 +88,7 @@ def arm(point: str, action: str, nth: int = 1, **kw) -> None:
     a = Armed(point, action, nth, **kw)
     if point in ENGINE_POINTS:  # for this process's children (SGLang's scheduler)
         ARM_DIR.mkdir(exist_ok=True)
+        _sweep()
         _arm_file(os.getpid()).write_text(json.dumps({k: v for k, v in asdict(a).items() if k != "held"}))
         return
     _ARMED[point] = a
@@ -105,7 +106,37 @@ def disarm() -> dict:
 
 
 def _arm_file(pid: int) -> Path:
-    return ARM_DIR / f"{pid}.json"
+    """The arming file of process `pid`, named by its pid and its start time: pids wrap (32,768 on a small box)
+    and a file left by a dead process (an engine actor killed while armed) would otherwise arm whichever actor
+    is given its pid next; that engine's scheduler then crashed while loading its model (exit 70, `crash`)."""
+    return ARM_DIR / f"{pid}-{_started(pid)}.json"
+
+
+_STARTED: dict[int, int] = {}
+
+
+def _started(pid: int) -> int:
+    """Process `pid`'s start time in clock ticks since boot (/proc/<pid>/stat, field 22); 0 where unknown."""
+    if pid not in _STARTED:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            _STARTED[pid] = int(stat.rsplit(")", 1)[1].split()[19])
+        except (OSError, IndexError, ValueError):
+            return 0
+    return _STARTED[pid]
+
+
+def _sweep() -> None:
+    """Remove arming files of processes that are gone (or whose pid a newer process holds)."""
+    for f in ARM_DIR.glob("*.json"):
+        pid, _, started = f.stem.partition("-")
+        if not (pid.isdigit() and started.isdigit()) or _started_now(int(pid)) != int(started):
+            f.unlink(missing_ok=True)
+
+
+def _started_now(pid: int) -> int:
+    _STARTED.pop(pid, None)
+    return _started(pid)
 
 
 _STAMPS: dict[str, int] = {}  # engine points: mtime of the arming file the in-process state was read from

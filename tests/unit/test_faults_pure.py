@@ -170,6 +170,29 @@ def test_engine_points_are_armed_for_the_child_process_that_applies(tmp_path):
     assert out.stdout.strip() == "False", out.stderr
 
 
+def test_an_arming_file_left_by_a_dead_process_arms_no_later_process_with_its_pid():
+    """pids wrap: the file of an engine actor killed while armed must not arm the next actor given that pid
+    (a `crash` left so made a later engine's scheduler exit 70 while loading its model)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    fp.ARM_DIR.mkdir(exist_ok=True)
+    me = os.getpid()
+    stale = fp.ARM_DIR / f"{me}-{fp._started(me) - 1}.json"  # this pid, an earlier process's start time
+    legacy = fp.ARM_DIR / f"{me}.json"  # the name such files had before they carried a start time
+    for f in (stale, legacy):
+        f.write_text(json.dumps({"point": "engine.apply", "action": "crash"}))
+    child = "from labkit import failpoints as fp; print(fp.engine_armed('engine.apply'))"
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
+    fp.arm("engine.apply", "raise", match=".k_proj.")  # arming sweeps what dead (or older) processes left
+    assert not stale.exists() and not legacy.exists() and fp._arm_file(me).exists()
+    fp.disarm()
+    assert not fp._arm_file(me).exists()
+
+
 @pytest.mark.parametrize("kw,match", [({"trials": 0}, "trials=0"), ({"trials": 2.5}, "trials=2.5"),
                                       ({"seed": -1}, "seed=-1"), ({"deadline_s": 0}, "deadline_s=0")])
 def test_bad_faults_config_is_refused_naming_the_value(kw, match):
