@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from labkit.compat import loopback
 from labkit.engine import EngineConfig, EngineError, EngineHandle, EngineUnreachable, Unsupported
 from labkit.models import tokenizer
-from tests.integration.conftest import engine_config, live, shm_leftovers
+from tests.integration.conftest import engine_config, gone_within, live, shm_leftovers
 
 pytestmark = pytest.mark.integration
 
@@ -132,7 +132,7 @@ def test_a_cpu_engine_at_tp2_answers_greedy_as_transformers_does(engine_model_di
             handle.checksums()
     finally:
         handle.shutdown()
-    assert not live([info["pid"], *info["children"]]) and not shm_leftovers([info["pid"]])
+    assert not gone_within([info["pid"], *info["children"]]) and not shm_leftovers([info["pid"]])
 
 
 def test_per_request_sampling_seeds_repeat_across_batches_and_differ_between_seeds(engine):
