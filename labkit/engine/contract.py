@@ -79,6 +79,7 @@ _EXPERT = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<e>\d+)\.(?P<part>gate_
 
 _MLA_A = re.compile(r"^(?P<prefix>.*\.self_attn)\.(?P<part>q_a_proj|kv_a_proj_with_mqa)\.")
 NONE: frozenset[str] = frozenset()
+MLA_PLAIN = ("q_proj", "kv_a_proj_with_mqa")  # what MLA without a q LoRA loads unfused
 
 
 def standalone(names: Iterable[str]) -> frozenset[str]:
@@ -91,7 +92,7 @@ def standalone(names: Iterable[str]) -> frozenset[str]:
         (q_a if m["part"] == "q_a_proj" else kv_a).add(m["prefix"])
     plain = kv_a - q_a
     return frozenset(n for n in names if n.rsplit(".", 2)[0] in plain
-                     and n.split(".")[-2] in ("q_proj", "kv_a_proj_with_mqa")) if plain else NONE
+                     and n.split(".")[-2] in MLA_PLAIN) if plain else NONE
 
 
 def fused_part(name: str, alone: frozenset[str] = NONE) -> tuple[str, int, int | None] | None:
@@ -116,9 +117,9 @@ def _fused_part(name: str) -> tuple[str, int, int | None] | None:
     return f"{m['prefix']}.{r.fused}.{m['kind']}", r.index, r.size
 
 
-def fused_group(name: str, alone: frozenset[str] = NONE) -> str:
+def fused_group(name: str) -> str:
     """The engine-side parameter a HF tensor loads into (e.g. ...qkv_proj.weight), else the name itself."""
-    part = fused_part(name, alone)
+    part = fused_part(name)
     return name if part is None else part[0]
 
 

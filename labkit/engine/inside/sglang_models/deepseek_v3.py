@@ -19,11 +19,10 @@ import torch
 from sglang.srt.models.deepseek_common import attention_backend_handler as _backends
 from sglang.srt.models.deepseek_v2 import DeepseekV3ForCausalLM as _SGLangDeepseekV3
 
-from labkit.engine.contract import fused_part
+from labkit.engine.contract import MLA_PLAIN, fused_part
 from labkit.engine.inside.sglang_models.weights import SCALE, LabkitWeights
 
 A_PAIR = "fused_qkv_a_proj_with_mqa.weight"
-PLAIN = ("q_proj", "kv_a_proj_with_mqa")  # MLA without q LoRA: not fused (labkit.engine.contract.standalone)
 
 if not torch.cuda.is_available() and "torch_native" not in _backends.AttentionBackendRegistry._handlers:
     _backends.AttentionBackendRegistry.register("torch_native", _backends._dispatch_mla_subtype)
@@ -32,7 +31,7 @@ if not torch.cuda.is_available() and "torch_native" not in _backends.AttentionBa
 class DeepseekV3ForCausalLM(LabkitWeights, _SGLangDeepseekV3):
     def labkit_fused_part(self, name: str):
         """Without a q LoRA (Moonlight) SGLang keeps `q_proj` and `kv_a_proj_with_mqa` as parameters of their own."""
-        if not self.config.q_lora_rank and name.split(".")[-2] in PLAIN:
+        if not self.config.q_lora_rank and name.split(".")[-2] in MLA_PLAIN:
             return None
         return fused_part(name)
 
