@@ -62,6 +62,7 @@ def cmd_demo(args) -> int:
 def cmd_sync(args) -> int:
     from labkit.sync.atomic import SyncFailed
     from labkit.workbench import Workbench
+    from labkit.workbench.core import default_engine
 
     # Validate every flag before anything starts.
     cfg = SyncConfig(transport=args.transport, bucket_mb=args.bucket_mb, memory_budget_mb=args.memory_budget_mb,
@@ -69,7 +70,8 @@ def cmd_sync(args) -> int:
     parallel = ParallelSpec(tp=args.tp, pp=args.pp, ep=args.ep)
     where = PlacementSpec(mode=args.placement, trainer_resource=args.trainer_resource,
                           engine_resource=args.engine_resource, engines=args.engines)
-    with Workbench(model_of(args), parallel, engine_url=args.engine_url, placement=where) as wb:
+    engine = default_engine(model_of(args), tp=args.engine_tp)
+    with Workbench(model_of(args), parallel, engine_cfg=engine, engine_url=args.engine_url, placement=where) as wb:
         wb.train(args.steps, progress=not args.json)
         try:
             m = wb.sync(cfg)
@@ -100,8 +102,8 @@ def add_commands(sub) -> None:
     d = sub.add_parser("sync", help="train a few steps, sync into a real SGLang engine, verify, compare greedy")
     add_arguments(d, SyncConfig, ("transport", "bucket_mb", "memory_budget_mb", "verify", "probe", "probe_kl_max"))
     add_model_arguments(d, "data/tiny-mimo")
-    add_arguments(d, EngineConfig, ("url",), base=EngineConfig(model_dir="data/tiny-mimo"),
-                  flags={"url": "--engine-url"})
+    add_arguments(d, EngineConfig, ("url", "tp"), base=EngineConfig(model_dir="data/tiny-mimo"),
+                  flags={"url": "--engine-url", "tp": "--engine-tp"})
     add_arguments(d, JobConfig, ("steps",), base=SYNC_JOB)
     add_arguments(d, ParallelSpec, ("tp", "pp", "ep"))
     add_arguments(d, PlacementSpec, ("mode", "trainer_resource", "engine_resource", "engines"),

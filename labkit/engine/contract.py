@@ -180,8 +180,8 @@ def ffn_padding(device: str, tp: int = 1) -> int:
 
 
 @lru_cache(maxsize=1 << 16)
-def engine_shape(name: str, shape: tuple[int, ...], ffn_pad: int = 1) -> tuple[int, ...]:
-    """The shape HF tensor `name` takes inside the engine's parameter: vocabulary rows padded (`engine_rows`);
+def engine_shape(name: str, shape: tuple[int, ...], ffn_pad: int = 1, tp: int = 1) -> tuple[int, ...]:
+    """The shape HF tensor `name` takes inside the engine's parameter: vocabulary rows padded (`engine_rows`, at tp);
     an MLP's or expert's gate/up rows and down columns padded to a multiple of `ffn_pad` (`ffn_padding`). The
     true extent sits at the start of each padded block and the padding is zero (SGLang's loaders narrow the
     destination to the checkpoint's size and the parameter was zero-filled)."""
@@ -189,7 +189,7 @@ def engine_shape(name: str, shape: tuple[int, ...], ffn_pad: int = 1) -> tuple[i
     if not shape:
         return shape
     if name in VOCAB_TABLES:
-        return (engine_rows(name, shape[0]), *shape[1:])
+        return (engine_rows(name, shape[0], tp), *shape[1:])
     if ffn_pad > 1 and ".mlp." in name and len(shape) == 2:
         if name.endswith(_FFN_ROWS):
             return (-(-shape[0] // ffn_pad) * ffn_pad, shape[1])

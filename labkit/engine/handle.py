@@ -18,6 +18,7 @@ from labkit.engine.contract import Contract, check_tensors
 from labkit.engine.errors import EngineError, EngineUnreachable, Unsupported
 from labkit.engine.lifecycle import check_model_dir, cpu
 from labkit.engine.loader import LoaderQueries, payload_items
+from labkit.engine.shard import rank_checksums
 
 __all__ = ["EngineHandle", "check_model_dir"]
 
@@ -205,15 +206,13 @@ class EngineHandle(LoaderQueries):
     def checksums(self) -> dict[str, str]:
         """SGLang's weight checker: {engine parameter name: checksum}, in the engine's layout (fused qkv_proj /
         gate_up_proj). CPU tensors: `xxh3:` + 16 hex chars with labkit's models, else sha256's first 8 bytes as
-        16 hex chars (`checksum_algo`, labkit.engine.checksum). TP=1 engines."""
+        16 hex chars (`checksum_algo`, labkit.engine.checksum). At TP > 1 every rank's, keyed
+        `labkit.engine.shard.rank_key` (name#tp<rank>)."""
         self._refuse_if_closed("checksums")
         res = self._b.check_weights("checksum")
         if not res["success"]:
             raise EngineError(f"checksums failed: {res['message']}")
-        ranks = res["ranks"] or []  # one entry per GPU rank (its parallelism_info lists the roles it runs)
-        if len(ranks) != 1:
-            raise Unsupported(f"checksums: the engine reports {len(ranks)} ranks; labkit reads TP=1 engines")
-        return dict(ranks[0]["checksums"])
+        return rank_checksums(res["ranks"] or [])
 
     # --- cache and scheduling ------------------------------------------------------------------------------
     def flush_cache(self) -> str:

@@ -41,6 +41,7 @@ from labkit.sync import probe
 from labkit.sync import verify as vf
 from labkit.sync.producer import Producer
 from labkit.sync.session import Syncer
+from labkit.sync.spec import sharding
 from labkit.sync.verify import ENGINE_CHECKSUMS
 from labkit.trainer.group import TrainerDied, TrainerTimeout, error_line as _cause
 
@@ -150,14 +151,14 @@ class Guard:
         if self.store.good is not None and self.store.good["checksums"] == before:
             return
         model_dir = self.engine.cfg.model_dir
-        pad, algo = spec.get("ffn_pad", 1), spec.get("checksum", ck.DEFAULT)
-        if vf.expected_checksums(lastgood.model_dir_tensors(model_dir, dtype), pad, algo) == before:
+        pad, algo, shards = spec.get("ffn_pad", 1), spec.get("checksum", ck.DEFAULT), sharding(spec)
+        if vf.expected_checksums(lastgood.model_dir_tensors(model_dir, dtype), pad, algo, shards) == before:
             self.store.adopt_model_dir(model_dir, v_before, before)
             return
         # Someone changed the weights outside labkit's syncs: read them back once (slow, but exact).
         named = {n: self.engine.get_weights_by_name(n).to(lastgood.bk.torch_dtype(held))
                  for n, (_, held) in spec["tensors"].items()}  # the read-back is float32: back to what is held
-        if vf.expected_checksums(named, pad, algo) != before:
+        if vf.expected_checksums(named, pad, algo, shards) != before:
             raise EngineError("cannot take a bitwise copy of the weights the engine serves now (its read-back "
                               "does not hash to its checksums): refusing to sync without a rollback target")
         path = lastgood.write(self.store.staging(), named, v_before)

@@ -14,12 +14,14 @@ import torch
 
 from labkit.engine import checksum as ck
 from labkit.engine.contract import NONE, part_counts, standalone
+from labkit.engine.shard import Sharding
 from labkit.sync import bucket as bk
 from labkit.sync import lastgood
 from labkit.sync import verify as vf
 from labkit.sync.config import SyncConfig
 from labkit.sync.plan import Bucket
 from labkit.sync.slots import Slots
+from labkit.sync.spec import sharding as sharding_in
 
 
 class Hook(Protocol):
@@ -49,8 +51,8 @@ class Checksums(Hook):
     phase = "verify"
 
     def __init__(self, sizes: dict[str, int] | None = None, ffn_pad: int = 1, algo: str = ck.DEFAULT,
-                 alone: frozenset[str] = NONE):
-        self.expected = vf.Expected(sizes, ffn_pad, algo, alone)
+                 alone: frozenset[str] = NONE, sharding: Sharding = vf.ONE):
+        self.expected = vf.Expected(sizes, ffn_pad, algo, alone, sharding)
 
     def on_bucket(self, b, tensors, flat) -> None:
         self.expected.add(_engine_dtype(b, tensors))
@@ -119,7 +121,8 @@ def for_config(cfg: SyncConfig, plan=None, engine_spec: dict | None = None,
     if cfg.verify == "full":
         hooks.append(FullCopies())
     elif cfg.verify != "none":
-        hooks.append(Checksums(sizes, spec.get("ffn_pad", 1), spec.get("checksum", ck.DEFAULT), alone))
+        hooks.append(Checksums(sizes, spec.get("ffn_pad", 1), spec.get("checksum", ck.DEFAULT), alone,
+                               sharding_in(spec)))
     if cfg.stage_dir:
         capacity = plan.total_bytes + lastgood.ALIGN * len(plan.tensors) if plan is not None else 0
         hooks.append(Stage(cfg.stage_dir, slots, capacity))

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from labkit.config import check
 from labkit.engine.contract import Contract, ffn_padding
+from labkit.engine.shard import Sharding
 
-__all__ = ["engine_spec", "checked_expected"]
+__all__ = ["engine_spec", "checked_expected", "sharding_of", "sharding", "refuse_at_tp"]
 
 
 def engine_spec(model_dir: str, dtype: str = "auto", ffn_pad: int = 1) -> dict:
@@ -29,7 +30,38 @@ def checked_expected(engine, exclude) -> dict:
           exclude, "a tuple of non-empty name substrings")
     expected = engine_spec(engine.cfg.model_dir, engine.cfg.dtype, ffn_padding(engine.device, engine.tp_size))
     expected["checksum"] = engine.checksum_algo()  # the engine checker's hash: the trainer hashes the same way
+    expected["sharding"] = sharding_of(engine.cfg.model_dir, engine.tp_size, engine.device).spec()
     if exclude and all(any(x in n for x in exclude) for n in expected["tensors"]):
         raise ValueError(f"empty sync refused: exclude={tuple(exclude)!r} names all {len(expected['tensors'])} tensors "
                          "of the engine's model; nothing would be sent or verified")
     return expected
+
+
+def sharding_of(model_dir: str, tp: int, device: str = "cpu") -> Sharding:
+    """The engine's sharding (labkit.engine.shard) at TP `tp`, its head counts from the model dir's config.json;
+    refused (Unsupported, naming the field) where labkit cannot say what each rank holds."""
+    if tp == 1:
+        return Sharding()
+    from labkit.models.hf import check_model_dir
+
+    return Sharding.of_config(check_model_dir(model_dir), tp, device)
+
+
+def sharding(spec: dict | None) -> Sharding:
+    """The Sharding a spec (`checked_expected`) carries; tp 1 where it carries none."""
+    return Sharding(**(spec or {}).get("sharding", {}))
+
+
+def refuse_at_tp(cfg, spec: dict) -> None:
+    """What a sync into an engine at TP > 1 cannot do yet, refused before anything moves (Unsupported, naming
+    the setting): a full read-back (labkit reads whole tensors from TP 1 engines) and a delta sync (its payload
+    is the changed words of whole tensors, while each rank holds a piece)."""
+    from labkit.engine.errors import Unsupported
+
+    tp = sharding(spec).tp
+    if tp > 1 and cfg.verify == "full":
+        raise Unsupported(f"verify='full' reads every tensor back whole, which labkit does from engines at tp 1 "
+                          f"only (this one runs tp={tp}); verify='checksum' compares every rank's piece")
+    if tp > 1 and cfg.delta:
+        raise Unsupported(f"delta={cfg.delta} sends the changed words of whole tensors, and each rank of this engine "
+                          f"(tp={tp}) holds a piece; sync with delta=0")

@@ -74,15 +74,17 @@ def make(name: str, timeout_s: float = 120.0, delta=None, maps: Mappings | None 
 
 def where(transport: Transport, engine) -> dict:
     """Where this trainer rank and the engine run, as Ray reports them (metrics sync/trainer_node, sync/engine_node,
-    sync/cross_node); a transport that hands the engine a memory handle is refused across nodes here, before the
-    session opens (on the engine's node the handle names a shared-memory file that is not there)."""
+    sync/cross_node), and over how many TP ranks the engine holds the weights (sync/engine_tp); a transport that
+    hands the engine a memory handle is refused across nodes here, before the session opens (on the engine's node
+    the handle names a shared-memory file that is not there)."""
     mine, theirs = runtime.here(), engine.node()
     cross = cross_node(mine, theirs)
     if cross and transport.same_node:
         raise PlacementError(f"transport={transport.name!r} hands the engine a shared-memory handle, so trainer "
                              f"and engine must share a node; the trainer rank runs on node {_name(mine)} and the "
                              f"engine on node {_name(theirs)}: use transport='distributed'")
-    return {"sync/trainer_node": _name(mine), "sync/engine_node": _name(theirs), "sync/cross_node": cross}
+    return {"sync/trainer_node": _name(mine), "sync/engine_node": _name(theirs), "sync/cross_node": cross,
+            "sync/engine_tp": engine.tp_size}
 
 
 def _name(node: dict) -> str:

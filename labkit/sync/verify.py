@@ -13,6 +13,9 @@ import torch
 
 from labkit.engine import checksum as ck
 from labkit.engine.contract import NONE, engine_shape, fused_part, standalone
+from labkit.engine.shard import Sharding, rank_key
+
+ONE = Sharding()  # an engine at tp 1: every tensor whole
 
 # Private metrics key: the engine's checksums read by verification, handed to the atomic guard (its "after")
 # so the whole model is not hashed twice per sync; `sync()`/`stream()` drop it before returning.
@@ -29,11 +32,11 @@ def tensor_checksum(t: torch.Tensor, algo: str = ck.DEFAULT) -> str:
     return ck.checksum(t, algo)
 
 
-def padded(name: str, t: torch.Tensor, ffn_pad: int = 1) -> torch.Tensor:
+def padded(name: str, t: torch.Tensor, ffn_pad: int = 1, tp: int = 1) -> torch.Tensor:
     """`t` as the engine's parameter holds it (labkit.engine.contract.engine_shape): a vocabulary table with the
     engine's zero padding rows appended, an FFN block padded with zeros to the engine's width (a CPU engine's
-    multiple of 32), so the padding is checked to be zero; any other tensor unchanged."""
-    shape = engine_shape(name, tuple(t.shape), ffn_pad)
+    multiple of 32 * tp), so the padding is checked to be zero; any other tensor unchanged."""
+    shape = engine_shape(name, tuple(t.shape), ffn_pad, tp)
     if shape == tuple(t.shape):
         return t
     out = t.new_zeros(shape)
@@ -41,22 +44,31 @@ def padded(name: str, t: torch.Tensor, ffn_pad: int = 1) -> torch.Tensor:
     return out
 
 
-def engine_layout(named: dict[str, torch.Tensor], ffn_pad: int = 1) -> dict[str, torch.Tensor]:
-    """HF names -> the engine's parameters (TP=1 engine layout: fused groups, padded vocabulary and FFN)."""
+def on_ranks(name: str, t: torch.Tensor, ffn_pad: int = 1, sharding: Sharding = ONE) -> list[torch.Tensor]:
+    """`t` as each engine rank holds it: padded as the engine pads it (`padded`), then each rank's piece
+    (labkit.engine.shard); one tensor at tp 1."""
+    t = padded(name, t, ffn_pad, sharding.tp)
+    return [t if p is None else t.narrow(*p) for p in sharding.pieces(name, tuple(t.shape))]
+
+
+def engine_layout(named: dict[str, torch.Tensor], ffn_pad: int = 1, sharding: Sharding = ONE
+                  ) -> dict[str, torch.Tensor]:
+    """HF names -> the engine's parameters, per rank (`rank_key`): fused groups, padded vocabulary and FFN."""
     fused: dict[str, dict[int, torch.Tensor]] = {}  # key -> {index: part}
-    out, alone = {}, standalone(named)
+    out, alone, tp = {}, standalone(named), sharding.tp
     for name, t in named.items():
-        t = padded(name, t, ffn_pad)
         part = fused_part(name, alone)
-        if part is None:
-            out[name] = t
-        else:
-            fused.setdefault(part[0], {})[part[1]] = t
+        for r, piece in enumerate(on_ranks(name, t, ffn_pad, sharding)):
+            if part is None:
+                out[rank_key(name, r, tp)] = piece
+            else:
+                fused.setdefault(rank_key(part[0], r, tp), {})[part[1]] = piece
     return out | {key: _joined(parts) for key, parts in fused.items()}
 
 
-def expected_checksums(named: dict[str, torch.Tensor], ffn_pad: int = 1, algo: str = ck.DEFAULT) -> dict[str, str]:
-    return {n: tensor_checksum(t, algo) for n, t in engine_layout(named, ffn_pad).items()}
+def expected_checksums(named: dict[str, torch.Tensor], ffn_pad: int = 1, algo: str = ck.DEFAULT,
+                       sharding: Sharding = ONE) -> dict[str, str]:
+    return {n: tensor_checksum(t, algo) for n, t in engine_layout(named, ffn_pad, sharding).items()}
 
 
 class Expected:
@@ -68,44 +80,51 @@ class Expected:
     on every tensor, is incremental: `ck.whole`). `ffn_pad`: the engine's FFN padding (`padded`). `sizes`: parts per
     fused parameter (`labkit.engine.contract.part_counts` over the plan's names), needed for experts, whose count is not
     in their names. `algo`: the engine checker's hash (labkit.engine.checksum). `alone`: the plan's
-    `labkit.engine.contract.standalone` names (fused by name, loaded alone in this model)."""
+    `labkit.engine.contract.standalone` names (fused by name, loaded alone in this model). `sharding`: the
+    engine's TP (labkit.engine.shard): at tp > 1 every rank's piece is hashed under its `rank_key`."""
 
     def __init__(self, sizes: dict[str, int] | None = None, ffn_pad: int = 1, algo: str = ck.DEFAULT,
-                 alone: frozenset[str] = NONE):
+                 alone: frozenset[str] = NONE, sharding: Sharding = ONE):
         ck.check_algo(algo)  # an unknown algorithm is refused here, before the first bucket
         self.checksums: dict[str, str] = {}
         self.sizes, self.ffn_pad, self.algo, self.alone = dict(sizes or {}), ffn_pad, algo, alone
+        self.sharding = sharding
         self._parts: dict[str, dict[int, torch.Tensor]] = {}  # parts held until their turn
         self._streams: dict[str, list] = {}  # key -> [running hash, next index]
 
     def add(self, named: dict[str, torch.Tensor]) -> None:
+        tp = self.sharding.tp
         for name, t in named.items():
-            t = padded(name, t, self.ffn_pad)
             part = fused_part(name, self.alone)
-            if part is None:
-                self.checksums[name] = tensor_checksum(t, self.algo)
-                continue
-            key, idx, size = part
-            size = self.sizes.get(key, size)
-            if size is None:
-                raise ValueError(f"cannot verify {name!r}: how many tensors fill {key!r} is unknown "
-                                 "(Expected(sizes=part_counts(plan names)))")
-            parts = self._parts.setdefault(key, {})
-            whole = ck.whole(t, self.algo)
-            stream = self._streams.setdefault(key, [None if whole else ck.new(self.algo), 0])
-            if whole or idx != stream[1]:
-                parts[idx] = t.detach().clone()
-            else:
-                _feed(stream, t)
-            while not whole and stream[1] in parts:
-                _feed(stream, parts.pop(stream[1]))
-            if whole and len(parts) == size:
-                self.checksums[key] = tensor_checksum(_joined(parts), self.algo)
-            elif stream[1] == size:
-                self.checksums[key] = ck.digest(stream[0], self.algo)
-            else:
-                continue
-            del self._parts[key], self._streams[key]
+            for r, piece in enumerate(on_ranks(name, t, self.ffn_pad, self.sharding)):
+                if part is None:
+                    self.checksums[rank_key(name, r, tp)] = tensor_checksum(piece, self.algo)
+                else:
+                    self._add_part(name, rank_key(part[0], r, tp), part, piece)
+
+    def _add_part(self, name: str, key: str, part: tuple, t: torch.Tensor) -> None:
+        """Part `part[1]` of fused parameter `key` (a rank's, at tp > 1): hashed in index order."""
+        _, idx, size = part
+        size = self.sizes.get(part[0], size)
+        if size is None:
+            raise ValueError(f"cannot verify {name!r}: how many tensors fill {part[0]!r} is unknown "
+                             "(Expected(sizes=part_counts(plan names)))")
+        parts = self._parts.setdefault(key, {})
+        whole = ck.whole(t, self.algo)
+        stream = self._streams.setdefault(key, [None if whole else ck.new(self.algo), 0])
+        if whole or idx != stream[1]:
+            parts[idx] = t.detach().clone()
+        else:
+            _feed(stream, t)
+        while not whole and stream[1] in parts:
+            _feed(stream, parts.pop(stream[1]))
+        if whole and len(parts) == size:
+            self.checksums[key] = tensor_checksum(_joined(parts), self.algo)
+        elif stream[1] == size:
+            self.checksums[key] = ck.digest(stream[0], self.algo)
+        else:
+            return
+        del self._parts[key], self._streams[key]
 
     def finish(self) -> dict[str, str]:
         """The checksums; a group still incomplete is hashed over the parts it got, in index order (as

@@ -103,6 +103,16 @@ def rollout(engine, task: Task, n: int = 8, *, seed: int = 0, temperature: float
                              "rollout/temperature": float(temperature)})
 
 
+def default_engine(model_dir: str | None, **changes) -> EngineConfig:
+    """The engine a Workbench starts unless given one: float32 so syncs compare bitwise; an FP8 checkpoint serves
+    with bf16 activations (its weights still compare bitwise). `model_dir` as Workbench takes it (None, a preset
+    name, a path); `changes`: EngineConfig fields (e.g. tp)."""
+    model_dir = model_dir_for(model_dir)
+    quantized = master_dir(model_dir)[1]
+    return EngineConfig(**{"model_dir": model_dir, "dtype": "bfloat16" if quantized else "float32",
+                           "max_total_tokens": 4096, "mem_fraction_static": 0.05, **changes})
+
+
 class Workbench:
     def __init__(self, model_dir: str | None = None, parallel: ParallelSpec | None = None, *,
                  train_cfg: TrainConfig | None = None, engine_cfg=None, task: Task | None = None,
@@ -143,10 +153,8 @@ class Workbench:
         bar.update()
         bar.set_postfix_str("trainer + engine")
         self.placement = place(spec, self.parallel.world_size)
-        trainer_dir, quantized = master_dir(self.model_dir)  # an FP8 engine: the trainer holds the bf16 original
-        # float32 so syncs compare bitwise; FP8 serves with bf16 activations (its weights still compare bitwise)
-        cfg = engine_cfg or EngineConfig(model_dir=self.model_dir, dtype="bfloat16" if quantized else "float32",
-                                         max_total_tokens=4096, mem_fraction_static=0.05)
+        trainer_dir, _ = master_dir(self.model_dir)  # an FP8 engine: the trainer holds the bf16 original
+        cfg = engine_cfg or default_engine(self.model_dir)
         if engine_url:
             cfg = replace(cfg, url=engine_url)
 

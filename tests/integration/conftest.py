@@ -5,6 +5,7 @@ the local Ray cluster from labkit.cluster.runtime) per test session; starting on
 Teardown checks that shutdown left no SGLang process and no /dev/shm file behind.
 """
 
+import contextlib
 import os
 
 import pytest
@@ -19,6 +20,24 @@ def engine_config(model_dir, **kw):
     # fp32 so weights compare bitwise with the trainer's; a tiny KV cache instead of SGLang's RAM-sized default
     return EngineConfig(**{"model_dir": str(model_dir), "dtype": "float32", "mem_fraction_static": 0.05,
                            "max_total_tokens": 2048, "random_seed": 0, **kw})
+
+
+@contextlib.contextmanager
+def started_engine(model_dir, **kw):
+    """An engine of its own for a module (the session's `engine` is shared): started on the local Ray cluster,
+    shut down at the end, and checked to have left no process or /dev/shm file behind."""
+    from labkit.cluster import runtime
+    from labkit.engine import EngineHandle
+
+    runtime.init()
+    handle = EngineHandle.start(engine_config(model_dir, **kw))
+    info = handle._b.ready()
+    try:
+        yield handle
+    finally:
+        handle.shutdown()
+    assert not gone_within([info["pid"], *info["children"]]), "engine shutdown left processes"
+    assert not shm_leftovers([info["pid"]])
 
 
 def shm_leftovers(pids=()) -> list[str]:

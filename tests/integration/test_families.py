@@ -14,11 +14,12 @@ import torch
 from labkit.config import ParallelSpec, TrainConfig
 from labkit.models.families import FamilySpec, make_family, tensor_shapes
 from labkit.sync import SyncConfig, sync
-from tests.integration.conftest import engine_config, gone_within, shm_leftovers
+from tests.integration.conftest import started_engine
 
 pytestmark = pytest.mark.integration
 
-FAMILIES = {"qwen3": ("qwen3", FamilySpec(vocab=131, ffn=200)),  # dense FFN 200: padded to 224 on a CPU engine
+# qwen3: dense FFN 200, padded to 224 on a CPU engine, to 256 at TP 2 (rank 1: 72 real rows of 128)
+FAMILIES = {"qwen3": ("qwen3", FamilySpec(vocab=131, ffn=200)),
             "qwen3-moe": ("qwen3-moe-tiny", FamilySpec(vocab=131, moe_ffn=16)),
             "deepseek-v3": ("deepseek-v3", FamilySpec(vocab=131, moe_ffn=16, dense_layers=1)),
             "moonlight": ("deepseek-v3", FamilySpec(vocab=131, hidden=80, heads=5, kv_heads=5, experts=6, moe_ffn=24,
@@ -45,18 +46,15 @@ def moe_dir(family, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def moe_engine(moe_dir):
-    from labkit.cluster import runtime
-    from labkit.engine import EngineHandle
-
-    runtime.init()
-    handle = EngineHandle.start(engine_config(moe_dir))
-    info = handle._b.ready()
-    try:
+    with started_engine(moe_dir) as handle:
         yield handle
-    finally:
-        handle.shutdown()
-    assert not gone_within([info["pid"], *info["children"]]), "engine shutdown left processes"
-    assert not shm_leftovers([info["pid"]])
+
+
+@pytest.fixture(scope="module")
+def tp2_engine(family, moe_dir):
+    """The family served at TP 2 (labkit.compat.cpu_tp), beside the TP 1 engine."""
+    with started_engine(moe_dir, tp=2) as handle:
+        yield handle
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +148,39 @@ def test_a_fused_slice_reads_back_by_its_hf_name_and_full_verification_passes(fa
         assert torch.equal(got, exported[name])
 
 
+def _greedy_follows(engine, trainer) -> bool:
+    from labkit.models.tokenizer import EOS, encode
+    from labkit.tasks import arith
+
+    ids = [encode(p.prompt) for p in arith.problems(4, seed=78)]
+    got = engine.generate(input_ids=ids, sampling={"temperature": 0, "max_new_tokens": 6})
+    return [o["tokens"] for o in got] == trainer.greedy(ids, 6, eos_id=EOS)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3-moe", "deepseek-v3"], indirect=True)
+@pytest.mark.parametrize("transport", ["colocated", "per-tensor", "distributed"])
+def test_an_engine_at_tp2_takes_the_trained_weights_piece_by_piece_on_every_rank(transport, family, moe_trainer,
+                                                                                tp2_engine):
+    """Each rank holds its piece of every split tensor (K/V heads replicated where there are fewer than ranks,
+    experts' widths split and padded, MLA's a-pair and the routers whole) and is verified against it; the copy
+    plan writes each rank's piece; greedy follows the trainer (DeepSeek: w_kc/w_vc re-derived on each rank)."""
+    _train(moe_trainer, 1, seed={"colocated": 31, "per-tensor": 32, "distributed": 33}[transport])
+    m = sync(moe_trainer, tp2_engine, SyncConfig(transport=transport, bucket_mb=0.05, progress=False))
+    assert m["sync/verified"] is True and m["sync/num_unverified"] == 0, m
+    assert m["verify/num_checked"] == len(tp2_engine.checksums())  # every parameter of both ranks
+    assert m["sync/apply_path"] == ("load_weights" if transport == "per-tensor" else "copy_plan")
+    assert _greedy_follows(tp2_engine, moe_trainer)
+
+
+@pytest.mark.parametrize("family", ["moonlight"], indirect=True)
+def test_heads_a_tp2_engine_would_pad_are_refused_by_name(family, moe_dir):
+    from labkit.engine.errors import Unsupported
+    from labkit.sync.spec import sharding_of
+
+    with pytest.raises(Unsupported, match="num_attention_heads=5 is not a multiple of the engine's tp=2"):
+        sharding_of(str(moe_dir), 2)
+
+
 @pytest.mark.parametrize("family", ["deepseek-v3"], indirect=True)
 def test_mla_pair_split_over_two_calls_is_never_written_and_the_baseline_keeps_it_in_one(family, moe_trainer,
                                                                                          moe_engine):
@@ -177,11 +208,11 @@ PER_FAMILY = {"deepseek-v3": ("ep1", "ep2"), "qwen3-moe": ("ep1", "pp2")}
 
 
 @pytest.mark.parametrize("family", ["qwen3-moe", "deepseek-v3"], indirect=True)
-def test_expert_and_pipeline_parallel_train_like_one_rank_and_their_export_syncs(family, moe_dir, moe_engine):
+def test_expert_and_pipeline_parallel_train_like_one_rank_and_their_export_syncs(family, moe_dir, moe_engine,
+                                                                                tp2_engine):
     """EP=2 (each of two ranks holds half of every layer's experts) and PP=2: losses and the trained export equal
-    one rank's, and the EP=2 export (experts gathered across the EP group by mbridge) lands in the engine bitwise."""
-    from labkit.models.tokenizer import EOS, encode
-    from labkit.tasks import arith
+    one rank's; the EP=2 export (experts gathered across the EP group by mbridge) lands in the engine bitwise, and
+    each layout's lands in the TP 2 engine, every rank verified."""
     from labkit.trainer.group import Trainer
 
     runs = {}
@@ -190,12 +221,10 @@ def test_expert_and_pipeline_parallel_train_like_one_rank_and_their_export_syncs
         t = Trainer(str(moe_dir), layout, TrainConfig(lr=3e-3))
         try:
             runs[name] = (_train(t, 3, seed=21), dict(t.export()))
-            if name == "ep2":
-                m = sync(t, moe_engine, SyncConfig(transport="colocated", bucket_mb=0.05, progress=False))
-                assert m["sync/verified"] is True and m["sync/num_unverified"] == 0, m
-                ids = [encode(p.prompt) for p in arith.problems(4, seed=78)]
-                got = moe_engine.generate(input_ids=ids, sampling={"temperature": 0, "max_new_tokens": 6})
-                assert [o["tokens"] for o in got] == t.greedy(ids, 6, eos_id=EOS)
+            for engine in {"ep1": [], "ep2": [moe_engine, tp2_engine], "pp2": [tp2_engine]}[name]:
+                m = sync(t, engine, SyncConfig(transport="colocated", bucket_mb=0.05, progress=False))
+                assert m["sync/verified"] is True and m["sync/num_unverified"] == 0, (name, engine.tp_size, m)
+                assert _greedy_follows(engine, t), (name, engine.tp_size)
         finally:
             t.shutdown()
     loss1, w1 = runs["ep1"]

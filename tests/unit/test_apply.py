@@ -105,18 +105,70 @@ def test_a_recreated_parameter_is_re_resolved():
     assert torch.equal(m.norm, flat.view(torch.float32))  # the plan copied into the new parameter
 
 
-def test_an_engine_at_tp_above_1_takes_the_models_loader_not_tp_1_views(monkeypatch):
-    """The copy plan's views are TP=1 slices: at TP=2 every tensor goes to the model's load_weights (each rank cuts
-    its shard), read from SGLang's own runtime context; outside an engine nothing is published: one rank."""
+class Rank(nn.Module):
+    """One rank of a TP 2 engine's layer, laid out as SGLang's parallel layers hold it: q/k/v of 4 heads / 2 K/V
+    heads of dim 2 (`qkv_proj`: 2 q heads + 1 k + 1 v head per rank, per-rank shard sizes as QKVParallelLinear
+    has them), o_proj's columns split, gate/up of 40 rows padded to 64 on CPU (MergedColumnParallelLinear's whole
+    `output_sizes`), a replicated norm."""
+
+    def __init__(self):
+        super().__init__()
+        self.config = type("C", (), {"num_attention_heads": 4, "num_key_value_heads": 2})()
+        a, m = nn.Module(), nn.Module()
+        a.qkv_proj, a.o_proj, m.gate_up_proj = nn.Module(), nn.Module(), nn.Module()
+        a.qkv_proj.weight = nn.Parameter(torch.zeros(8, 4), requires_grad=False)
+        a.qkv_proj.q_proj_shard_size, a.qkv_proj.kv_proj_shard_size = 4, 2
+        a.o_proj.weight = nn.Parameter(torch.zeros(4, 4), requires_grad=False)
+        m.gate_up_proj.weight = nn.Parameter(torch.zeros(64, 4), requires_grad=False)
+        m.gate_up_proj.output_sizes = [64, 64]
+        self.layer = nn.Module()
+        self.layer.self_attn, self.layer.mlp = a, m
+        self.norm = nn.Module()
+        self.norm.weight = nn.Parameter(torch.zeros(4), requires_grad=False)
+        self.loaded: list[str] = []
+
+    def labkit_fused_part(self, name):
+        from labkit.engine.contract import fused_part
+
+        return fused_part(name)
+
+    def param_view(self, name):  # the TP 1 view: asked for replicated tensors only
+        return ("norm.weight", self.norm.weight.data) if name == "norm.weight" else None
+
+    def load_weights(self, weights):
+        self.loaded += [n for n, _ in weights]
+
+
+def test_each_rank_of_a_tp2_engine_copies_its_own_piece_as_the_verifier_expects_it(monkeypatch):
+    """At TP 2 the copy plan writes each rank's piece of every tensor (labkit.engine.inside.shardview), by the
+    rule the verifier hashes each rank's expectation with (labkit.engine.shard): the two agree bitwise, padding
+    stays zero, nothing goes to the model's loader. The rank comes from SGLang's runtime context."""
     from sglang.srt import runtime_context
 
-    assert copyplan.tp_size() == 1
-    monkeypatch.setattr(runtime_context, "get_parallel", lambda: type("P", (), {"tp_size": 2})())
-    assert copyplan.tp_size() == 2
-    m = Model()
-    key, flat = _bucket({"q": torch.randn(4, 3), "norm": torch.randn(3)})
-    apply.load_flat(m, [(key, flat)])
-    assert m.loaded == ["q", "norm"] and not m.qkv.any() and apply.end_sync() == [0, 2]
+    from labkit.engine.shard import Sharding
+    from labkit.sync.verify import engine_layout
+
+    g = torch.Generator().manual_seed(0)
+    named = {"layer.self_attn.q_proj.weight": torch.randn(8, 4, generator=g),
+             "layer.self_attn.k_proj.weight": torch.randn(4, 4, generator=g),
+             "layer.self_attn.v_proj.weight": torch.randn(4, 4, generator=g),
+             "layer.self_attn.o_proj.weight": torch.randn(4, 8, generator=g),
+             "layer.mlp.gate_proj.weight": torch.randn(40, 4, generator=g),
+             "layer.mlp.up_proj.weight": torch.randn(40, 4, generator=g), "norm.weight": torch.randn(4, generator=g)}
+    want = engine_layout(named, ffn_pad=64, sharding=Sharding(2, 4, 2))
+    key, flat = _bucket(named)
+    assert copyplan.tp_rank() == (1, 0)  # outside an engine nothing is published: one rank
+    for rank in (0, 1):
+        monkeypatch.setattr(runtime_context, "get_parallel", lambda: type("P", (), {"tp_size": 2, "tp_rank": rank})())
+        m = Rank()
+        apply.load_flat(m, [(key, flat)])
+        assert m.loaded == [] and apply.end_sync() == [7, 0]
+        got = {"layer.self_attn.qkv_proj.weight": m.layer.self_attn.qkv_proj.weight,
+               "layer.self_attn.o_proj.weight": m.layer.self_attn.o_proj.weight,
+               "layer.mlp.gate_up_proj.weight": m.layer.mlp.gate_up_proj.weight, "norm.weight": m.norm.weight}
+        for name, t in got.items():
+            assert torch.equal(t, want[f"{name}#tp{rank}"]), (rank, name)
+    assert not m.layer.mlp.gate_up_proj.weight[8:32].any()  # rank 1: 8 real gate rows of 32, the rest zero
 
 
 def test_a_shape_mismatch_falls_back_and_a_foreign_payload_is_refused():

@@ -27,9 +27,10 @@ name, that no destination parameter was re-created since).
 Per call SGLang itself walks every module of the model first (a startup-constant check); labkit asks it once per
 model (`_memo_derived_weight_check`).
 
-Falls back to the model's own `load_weights` for the tensors it cannot map: a model without `param_view`, an
-engine with TP > 1 (each rank loads a shard: SGLang's loaders know how to cut it), a name the model does not
-map. `end_sync()` counts the tensors each path applied (the trainer reports them as `sync/apply_path`).
+Falls back to the model's own `load_weights` for the tensors it cannot map: a model without `param_view`, a
+name the model does not map. At TP > 1 each rank copies its own piece of each tensor
+(labkit.engine.inside.shardview). `end_sync()` counts the tensors each path applied (the trainer reports them
+as `sync/apply_path`).
 
 Delta payloads (`DELTA_PREFIX`, labkit.engine.inside.delta) carry only the words that changed since the last sync; they
 go through the same plan into the same parameter slices, and need every tensor of the bucket in it.
@@ -127,13 +128,13 @@ def load_flat(model, named_tensors) -> None:
         plan = copyplan.plan_for(model, key)
         srcs = _sources(flat, key, plan) if path is None else stagefile.views(path, offset, key, plan.entries)
         if fp.engine_armed("engine.apply"):  # `labkit faults`: a failure in the middle of an apply
-            _copy_runs_one_by_one(plan, srcs)
+            _copy_runs_one_by_one(plan, copyplan.narrowed(plan, srcs))
         elif plan.dsts:  # a few strided copies, not one per tensor (labkit.engine.inside.copyruns)
-            torch._foreach_copy_(plan.run_dsts, copyplan.run_sources(plan, srcs))
+            torch._foreach_copy_(plan.run_dsts, copyplan.run_sources(plan, copyplan.narrowed(plan, srcs)))
         if plan.fallback:
             model.load_weights([(plan.entries[i][0], srcs[i]) for i in plan.fallback])
         _after_apply(model, [plan.entries[i][0] for i in plan.direct])
-        _stats["copy_plan"] += len(plan.direct)
+        _stats["copy_plan"] += len(plan.direct) + len(plan.elsewhere)
         _stats["load_weights"] += len(plan.fallback)
         settle(flat)
 
@@ -162,7 +163,7 @@ def _apply_delta(model, key: str, payload: torch.Tensor) -> None:
     """Write the changed words of a delta payload into the parameter slices of its bucket's plan."""
     word, n_words, encoding, layout = key[len(DELTA_PREFIX):].split(":", 3)
     plan = copyplan.plan_for(model, layout)
-    loose = [plan.entries[i][0] for i in plan.fallback] + \
+    loose = [plan.entries[i][0] for i in [*plan.fallback, *plan.pieces, *plan.elsewhere]] + \
         [plan.entries[i][0] for i, d in zip(plan.direct, plan.dsts) if not d.is_contiguous()]
     if loose:
         raise ValueError(f"labkit apply: a delta sync needs every tensor of a bucket in the copy plan, and "

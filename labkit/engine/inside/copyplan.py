@@ -2,10 +2,11 @@
 there (labkit.engine.inside.apply runs them inside SGLang's scheduler).
 
 Compiled once per layout (the same every sync of a replayed plan): the destination slice of each tensor from
-the model's `param_view(hf_name)` (the view `get_weights_by_name` reads back), the tensors the model must load
-itself (`fallback`: no `param_view`, TP > 1, a shape the view does not have; a dtype it does not have is
-refused, never cast), and the copies of the rest merged into a few strided ones (labkit.engine.inside.copyruns:
-an MoE bucket's hundreds of expert tensors become a handful of copies). A parameter re-created since (a
+the model's `param_view(hf_name)` (the view `get_weights_by_name` reads back; at TP > 1 the rank's piece of it,
+labkit.engine.inside.shardview), the tensors the model must load itself (`fallback`: no `param_view`, a shape
+the view does not have; a dtype it does not have is refused, never cast), and the copies of the rest merged
+into a few strided ones (labkit.engine.inside.copyruns: an MoE bucket's hundreds of expert tensors become a
+handful of copies). A parameter re-created since (a
 post-load repack, a memory resume) makes the plan compile again (`moved`), so no copy lands in orphaned storage.
 """
 
@@ -22,6 +23,7 @@ import torch
 
 from labkit.engine.contract import ContractMismatch
 from labkit.engine.inside import copyruns
+from labkit.engine.inside import shardview
 
 
 @dataclass
@@ -34,6 +36,8 @@ class CopyPlan:
     direct: list[int] = field(default_factory=list)
     owners: list[tuple] = field(default_factory=list)  # (module, attribute, data_ptr at compile) per parameter
     fallback: list[int] = field(default_factory=list)  # through model.load_weights
+    pieces: dict[int, tuple] = field(default_factory=dict)  # entry -> (dim, start, length) this rank takes (TP > 1)
+    elsewhere: list[int] = field(default_factory=list)  # entries this rank holds only padding of (TP > 1)
     runs: list[copyruns.Run] = field(default_factory=list)  # the copies of `direct` (members: positions in it)
     run_dsts: list[torch.Tensor] = field(default_factory=list)  # each run's destination view
 
@@ -60,6 +64,13 @@ def plan_for(model, key: str) -> CopyPlan:
     return held[1]
 
 
+def narrowed(plan: CopyPlan, srcs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The bucket's tensor views (by entry) cut to the piece this rank takes (TP > 1; at TP 1 `srcs` itself)."""
+    if not plan.pieces:
+        return srcs
+    return [s.narrow(*plan.pieces[i]) if i in plan.pieces else s for i, s in enumerate(srcs)]
+
+
 def run_sources(plan: CopyPlan, srcs: list[torch.Tensor]) -> list[torch.Tensor]:
     """Each run's source view into the bucket, from the views of its tensors (`srcs`, by entry): a few strided
     views per bucket, built per call (cheap) so that none outlives the buffer it reads."""
@@ -80,41 +91,48 @@ def moved(model, plan: CopyPlan) -> bool:
     return any(getattr(module, attr).data_ptr() != ptr for module, attr, ptr in plan.owners)
 
 
-def tp_size() -> int:
-    """The engine's tensor-parallel size, from SGLang's runtime context (1 outside an engine: nothing published).
+def tp_rank() -> tuple[int, int]:
+    """(tensor-parallel size, this rank), from SGLang's runtime context ((1, 0) outside an engine: nothing published).
     Only that case is caught: SGLang 0.5.23 keeps `get_tensor_model_parallel_world_size` out of
     `sglang.srt.distributed`'s exports, and a swallowed ImportError read every engine as TP=1, so a TP=2 engine
     compiled TP=1 views and both schedulers died in the first apply (`start (128) + length (128) exceeds
     dimension size (128)`). Without SGLang in the process (the torch-only data path `labkit bench device` runs on a
     GPU machine that has no SGLang) there is no engine either: one rank."""
     if "sglang" not in sys.modules:
-        return 1
+        return 1, 0
     from sglang.srt.runtime_context import get_parallel  # SGLang is crossed here only
 
     try:
-        return int(get_parallel().tp_size)
+        return int(get_parallel().tp_size), int(get_parallel().tp_rank)
     except ValueError:  # "config namespace 'parallel' not published": not inside an engine
-        return 1
+        return 1, 0
 
 
 def _compile(model, key: str) -> CopyPlan:
     plan = CopyPlan(json.loads(key[key.index("["):]))
-    view = getattr(model, "param_view", None)
-    tp = tp_size()
+    tp, rank = tp_rank()
+    views = hasattr(model, "param_view")
     for i, (name, dtype, shape, _, _) in enumerate(plan.entries):
-        found = view(name) if view is not None and tp == 1 else None
-        dst = None if found is None else found[1]
+        found = shardview.view(model, name, tuple(shape), tp, rank) if views else None
+        if found is not None and found[1] is shardview.NOTHING:  # this rank holds only padding of it
+            plan.elsewhere.append(i)
+            continue
+        dst, piece = (None, None) if found is None else found[1:]
+        if piece is not None:  # the shape of the rank's piece of the tensor
+            shape = [*shape[:piece[0]], piece[2], *shape[piece[0] + 1:]]
         if dst is not None and tuple(dst.shape) == tuple(shape) and str(dst.dtype) != f"torch.{dtype}":
             raise ContractMismatch(_cast_refused(name, dtype, dst.dtype))
         if dst is None or tuple(dst.shape) != tuple(shape):
             plan.fallback.append(i)  # the model's own loader: casts, shards, or refuses with its message
-        else:
-            plan.direct.append(i)
-            plan.dsts.append(dst)
-            path, _, attr = found[0].rpartition(".")
-            module = model.get_submodule(path)
-            plan.owners.append((module, attr, getattr(module, attr).data_ptr()))
-    segments = [_segment(plan.entries[i], d) for i, d in zip(plan.direct, plan.dsts)]
+            continue
+        plan.direct.append(i)
+        plan.dsts.append(dst)
+        if piece is not None:
+            plan.pieces[i] = piece
+        path, _, attr = found[0].rpartition(".")
+        module = model.get_submodule(path)
+        plan.owners.append((module, attr, getattr(module, attr).data_ptr()))
+    segments = [_segment(plan.entries[i], d, i in plan.pieces) for i, d in zip(plan.direct, plan.dsts)]
     plan.runs = copyruns.runs(segments)
     if plan.dsts and plan.dsts[0].is_cuda:  # large pieces: the multi-tensor copy is faster there (GPU_MERGE_BELOW)
         plan.runs = [r for run in plan.runs for r in (copyruns.apart(run) if run.count > 1 and
@@ -138,10 +156,12 @@ def _cast_refused(name: str, sent: str, held: torch.dtype) -> str:
             "old scale)")
 
 
-def _segment(entry: list, dst: torch.Tensor) -> copyruns.Segment:
+def _segment(entry: list, dst: torch.Tensor, piece: bool = False) -> copyruns.Segment:
+    """A piece of a tensor (TP > 1) is not a run of the bucket's bytes: never merged (start None)."""
     start, size = entry[3], dst.element_size()
-    return copyruns.Segment(start // size if start % size == 0 else None, dst.untyped_storage().data_ptr(),
-                            dst.storage_offset(), tuple(dst.shape), tuple(dst.stride()), entry[1])
+    first = start // size if start % size == 0 and not piece else None
+    return copyruns.Segment(first, dst.untyped_storage().data_ptr(), dst.storage_offset(), tuple(dst.shape),
+                            tuple(dst.stride()), entry[1])
 
 
 def _run_dst(run: copyruns.Run, first: torch.Tensor) -> torch.Tensor:

@@ -162,7 +162,7 @@ def engine_matches_export(wb) -> bool:
     from labkit.sync import bucket as bk
     from labkit.sync import quantize
     from labkit.sync import verify as vf
-    from labkit.sync.spec import engine_spec
+    from labkit.sync.spec import engine_spec, sharding_of
 
     e = wb.engine
     spec = engine_spec(e.cfg.model_dir, e.cfg.dtype, ffn_padding(e.device, e.tp_size))
@@ -170,7 +170,8 @@ def engine_matches_export(wb) -> bool:
     if spec.get("quant"):  # a block-FP8 engine holds the export quantized (labkit.sync.quantize)
         named = quantize.on_the_way(iter(named), spec["tensors"], spec["quant"])
     named = {n: t.to(bk.torch_dtype(spec["tensors"][n][1])) for n, t in named}
-    expected = vf.expected_checksums(named, spec.get("ffn_pad", 1), spec.get("checksum", ck.DEFAULT))
+    expected = vf.expected_checksums(named, spec.get("ffn_pad", 1), spec.get("checksum", ck.DEFAULT),
+                                     sharding_of(e.cfg.model_dir, e.tp_size, e.device))
     return vf.compare(expected, e.checksums())["sync/verified"] is True
 
 

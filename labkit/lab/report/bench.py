@@ -141,6 +141,32 @@ def family_syncs_table(runs: list[tuple[str, dict]]) -> list[str]:
                         "`labkit bench sync` times warm syncs."]
 
 
+def resharding_table(runs: list[tuple[str, dict]]) -> list[str]:
+    """`labkit sync --tp/--pp ... --engine-tp 2 --out data/reshard_*_cpu.json` runs: a trainer layout into an engine
+    sharded differently, each rank verified against its own piece of the export."""
+    head = ["trainer", "engine TP", "transport", "engine parameters verified (all ranks)", "engine apply", "verified",
+            "greedy = trainer", "first sync (s)"]
+    lines = md_head(head)
+    for _, run in sorted(runs, key=lambda r: (_layout(r[1].get("command", "")), r[1]["sync/transport"])):
+        missing = len(run.get("verify/missing", [])) + len(run.get("verify/mismatched", []))
+        lines.append(_row([_layout(run.get("command", "")), run.get("sync/engine_tp", 1), run["sync/transport"],
+                           f"{run.get('verify/num_checked', 0):,}" + (f" ({missing} wrong)" if missing else ""),
+                           run["sync/apply_path"], run["sync/verified"],
+                           f"{run.get('rollout/greedy_match_frac', 0):.0%}", f"{run['timing/sync/total']:.2f}"]))
+    return lines + ["", "Each: `labkit sync` with the trainer layout and `--engine-tp` shown: three training steps of "
+                        "the shipped tiny MiMo, one sync into a fresh SGLang CPU engine at that TP (atomic guard; each "
+                        "rank's checksums against its own piece of the export), then greedy generations of engine and "
+                        "trainer compared. Two engine ranks on this 2-core box: a correctness run, not a speed figure."]
+
+
+def _layout(command: str) -> str:
+    """The trainer layout a stored `labkit sync` run names: `TP t PP p` (EP when given)."""
+    words = shlex.split(command)
+    flag = {k: w for k, w in zip(words, words[1:]) if k in ("--tp", "--pp", "--ep")}
+    out = f"TP {flag.get('--tp', 1)} PP {flag.get('--pp', 1)}"
+    return out + (f" EP {flag['--ep']}" if "--ep" in flag else "")
+
+
 def _model(command: str, file: str) -> str:
     """The preset a stored `labkit sync` run names (`--model X`), else its file name."""
     words = shlex.split(command)

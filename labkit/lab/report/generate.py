@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from labkit import provenance
-from labkit.lab.report.bench import bench_table, family_syncs_table, repeats_table
+from labkit.lab.report.bench import bench_table, family_syncs_table, repeats_table, resharding_table
 from labkit.lab.report.device import device_table
 from labkit.lab.report.mtp import drafts_table, mtp_table
 from labkit.lab.report.replication import replication_table
@@ -41,6 +41,7 @@ TABLES = {"mtp": ("mtp_experiment_cpu.json", mtp_table),
           "bench-codec": ("bench_codec_*.json", codec_table),
           "device-check": ("device_check_*.json", device_table),
           "family-syncs": ("sync_*_cpu.json", family_syncs_table),
+          "resharding": ("reshard_*_cpu.json", resharding_table),
           "host-threads": ("host_threads_ab_cpu.json", host_threads_table),
           "roofline": ("roofline_published.json", roofline_table),
           "roofline-models": ("roofline_published.json", roofline_models_table),
@@ -49,7 +50,7 @@ TABLES = {"mtp": ("mtp_experiment_cpu.json", mtp_table),
 
 
 # several runs of one bench, not paired with the MTP run
-MULTI = {"bench-codec", "family-syncs", "serve-sync", "device-check"}
+MULTI = {"bench-codec", "family-syncs", "serve-sync", "device-check", "resharding"}
 PAIRS = {"bench-sync-repeats"}  # every stored run of the bench pair (labkit.lab.roofline.overheads.stored_pairs)
 
 

@@ -30,6 +30,7 @@ from labkit.engine.inside import apply
 from labkit.engine.inside import checkmemo
 from labkit.engine import checksum as ck
 from labkit.engine.inside import direct
+from labkit.engine.inside.shardview import expert_view
 from labkit.engine.contract import fused_part
 
 logger = logging.getLogger(__name__)
@@ -45,16 +46,6 @@ def shard_sizes(module) -> list[int]:
     if hasattr(module, "q_proj_shard_size"):
         return [module.q_proj_shard_size, module.kv_proj_shard_size, module.v_proj_shard_size]
     return list(module.output_sizes)
-
-
-def expert_view(weight: torch.Tensor, kind: str, index: int, true_ffn: int | None) -> torch.Tensor:
-    """The slice of FusedMoE's stacked `weight` that holds one HF expert tensor: `w13_weight` shard 2e is
-    expert e's gate (rows [0, I) of the padded 2*Ip), 2e+1 its up (rows [Ip, Ip+I)); `w2_weight` shard e is
-    its down (columns [0, I)). `true_ffn` None: unpadded (I = Ip)."""
-    if kind.startswith("w2_weight"):
-        return weight[index].narrow(1, 0, true_ffn or weight.shape[2])
-    padded = weight.shape[1] // 2
-    return weight[index // 2].narrow(0, (index % 2) * padded, true_ffn or padded)
 
 
 class LabkitWeights:
