@@ -70,7 +70,8 @@ def cmd_sync(args) -> int:
     parallel = ParallelSpec(tp=args.tp, pp=args.pp, ep=args.ep)
     where = PlacementSpec(mode=args.placement, trainer_resource=args.trainer_resource,
                           engine_resource=args.engine_resource, engines=args.engines)
-    engine = default_engine(model_of(args), tp=args.engine_tp)
+    engine = default_engine(model_of(args), tp=args.engine_tp, **({"dtype": args.engine_dtype} if args.engine_dtype
+                                                                  else {}))
     with Workbench(model_of(args), parallel, engine_cfg=engine, engine_url=args.engine_url, placement=where) as wb:
         wb.train(args.steps, progress=not args.json)
         try:
@@ -104,6 +105,9 @@ def add_commands(sub) -> None:
     add_model_arguments(d, "data/tiny-mimo")
     add_arguments(d, EngineConfig, ("url", "tp"), base=EngineConfig(model_dir="data/tiny-mimo"),
                   flags={"url": "--engine-url", "tp": "--engine-tp"})
+    add_arguments(d, EngineConfig, ("dtype",), base=EngineConfig(model_dir="data/tiny-mimo", dtype="float32"),
+                  flags={"dtype": "--engine-dtype"}, keep=True,
+                  notes={"dtype": "Unset: float32, or bfloat16 for a block-FP8 checkpoint (an -fp8 preset)."})
     add_arguments(d, JobConfig, ("steps",), base=SYNC_JOB)
     add_arguments(d, ParallelSpec, ("tp", "pp", "ep"))
     add_arguments(d, PlacementSpec, ("mode", "trainer_resource", "engine_resource", "engines"),

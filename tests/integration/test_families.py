@@ -181,6 +181,26 @@ def test_heads_a_tp2_engine_would_pad_are_refused_by_name(family, moe_dir):
         sharding_of(str(moe_dir), 2)
 
 
+@pytest.mark.parametrize("family", ["moonlight"], indirect=True)
+def test_moonlight_syncs_into_a_bf16_engine_with_its_router_bias_held_in_float32(family, moe_dir, moe_trainer):
+    """SGLang holds DeepSeek's router bias in float32 whatever the serving dtype (contract.FLOAT32_HELD): the sync
+    sends it as float32 into a bf16 engine, the rest cast to bf16; verified in bytes, read back exactly (a bf16
+    cast would round it), and in behaviour (the probe: the bf16 engine against the float32 trainer)."""
+    from labkit.sync.spec import checked_expected
+
+    with started_engine(moe_dir, dtype="bfloat16") as bf16:
+        held = {n: d for n, (_, d) in checked_expected(bf16, ())["tensors"].items()}
+        bias = sorted(n for n in held if n.endswith("e_score_correction_bias"))
+        assert bias and {held[n] for n in bias} == {"float32"} and held["model.embed_tokens.weight"] == "bfloat16"
+        _train(moe_trainer, 1, seed=41)
+        m = sync(moe_trainer, bf16, SyncConfig(transport="colocated", probe=8, bucket_mb=0.05, progress=False))
+        assert m["sync/verified"] is True and m["sync/apply_path"] == "copy_plan", m
+        assert m["sync/probe_kl"] <= 0.25 and m["sync/probe_tokens"] > 0, m  # the probe's limit for a bf16 engine
+        want = dict(moe_trainer.export())[bias[0]]
+        assert not torch.equal(want, want.to(torch.bfloat16).float())  # so the read-back below can tell
+        assert torch.equal(bf16.get_weights_by_name(bias[0]), want)
+
+
 @pytest.mark.parametrize("family", ["deepseek-v3"], indirect=True)
 def test_mla_pair_split_over_two_calls_is_never_written_and_the_baseline_keeps_it_in_one(family, moe_trainer,
                                                                                          moe_engine):

@@ -168,6 +168,8 @@ def _layout(command: str) -> str:
 
 
 def _model(command: str, file: str) -> str:
-    """The preset a stored `labkit sync` run names (`--model X`), else its file name."""
+    """The preset a stored `labkit sync` run names (`--model X`, with its `--engine-dtype` when given), else its
+    file name."""
     words = shlex.split(command)
-    return next((w for k, w in zip(words, words[1:]) if k == "--model"), file)
+    flag = dict(zip(words, words[1:]))
+    return flag.get("--model", file) + (f" ({flag['--engine-dtype']} engine)" if "--engine-dtype" in flag else "")
