@@ -177,17 +177,21 @@ class ReferenceModel:
             out = self.trunk(input_ids=tokens, output_hidden_states=True)
             return out.logits.float(), out.hidden_states[-1]  # post final norm, as Megatron and SGLang hand it over
 
-    def mtp_forward(self, i: int, hidden, next_tokens):
+    def mtp_forward(self, i: int, hidden, next_tokens, zero_first: bool = False):
         """MTP layer i over the pairs (hidden[:, j], next_tokens[:, j]) at positions j (causal).
 
         Returns its logits [b, s, V] and its output hidden states after final_layernorm (what the next MTP
-        depth reads, in Megatron's chain and in SGLang's draft steps).
+        depth reads, in Megatron's chain and in SGLang's draft steps). `zero_first`: the token embedding at
+        position 0 zeroed, as SGLang's draft model does (`models/mimo_mtp.py:58`, 0.5.23: "masking inputs at
+        position 0, as not needed by MTP"); the trainer does not.
         """
         import torch
 
         head = self.mtp[i]
         with torch.no_grad():
             emb = self.trunk.model.embed_tokens(next_tokens)
+            if zero_first:
+                emb[:, 0] = 0
             x = head["proj"](torch.cat([head["hidden_layernorm"](hidden), head["token_layernorm"](emb)], dim=-1))
             pos = torch.arange(next_tokens.shape[1], device=next_tokens.device).unsqueeze(0).expand_as(next_tokens)
             rope = self.trunk.model.rotary_emb(x, pos)

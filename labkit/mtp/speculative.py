@@ -12,8 +12,10 @@ The first generated token comes from the prefill, not from a verify step, as in 
 emitted tokens (a round cut by EOS or max_new_tokens counts the drafts it emitted).
 
 Depth j uses MTP layer j-1 when the model has several, the last one beyond (MiMo ships one layer and SGLang's
-MiMoMTP holds one). Unlike SGLang's MiMoMTP (and vLLM's), the token embedding at position 0 is not zeroed:
-the draft runs exactly as the trainer computes it (ReferenceModel, Megatron).
+MiMoMTP holds one). The draft's inputs (`draft_inputs`): "trainer" runs the draft exactly as the trainer computes
+it (ReferenceModel, Megatron); "sglang" zeroes the token embedding at position 0, as SGLang's MiMoMTP (and vLLM's)
+does (`models/mimo_mtp.py:58`). Position 0 reaches every later position through attention, so every depth can
+differ; with SGLang's inputs this loop measures what SGLang's draft worker drafts.
 Rows are batched right-padded: causal attention makes position i independent of the padding after it, so no
 mask is needed, and every round recomputes the whole (short) sequence instead of keeping a KV cache.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal, get_args
 
 import torch
 
@@ -32,6 +35,12 @@ from labkit.models.tokenizer import EOS, PAD
 from labkit.mtp.acceptance import Counters
 
 _DRAFT_SHARED = ("model.embed_tokens.weight", "lm_head.weight")  # what the MTP draft reads besides its layers
+DraftInputs = Literal["trainer", "sglang"]
+DRAFT_INPUTS: tuple[str, ...] = get_args(DraftInputs)
+
+
+def check_choice_of(draft_inputs: str) -> None:
+    check(draft_inputs in DRAFT_INPUTS, "draft_inputs", draft_inputs, f"one of {DRAFT_INPUTS}")
 
 
 def verify_greedy(target_logits: torch.Tensor, drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,11 +101,16 @@ class Speculator:
     The draft shares the target's tensors (as SGLang shares embed/head with the MTP draft) unless
     `draft_weights` is given: its MTP layers and embedding/lm_head then replace the draft's (an engine whose
     draft was not synced); its other tensors are ignored. weights=None reads the checkpoint in model_dir.
+    `draft_inputs`: "trainer" (the default: the draft as the trainer computes it) or "sglang" (position 0's token
+    embedding zeroed, as SGLang's draft model runs it; the module docstring says where they part).
     """
 
     def __init__(self, model_dir: str | Path, weights: dict | None = None, draft_weights: dict | None = None,
-                 device: str = "cpu"):
+                 device: str = "cpu", draft_inputs: DraftInputs = "trainer"):
         from safetensors.torch import load_file
+
+        check_choice_of(draft_inputs)
+        self.zero_first = draft_inputs == "sglang"
 
         cfg = read_config_json(model_dir)
         self.num_mtp = int(cfg.get("num_nextn_predict_layers", 0))
@@ -174,7 +188,8 @@ class Speculator:
             if j:  # EAGLE chain: the new position pairs the draft's own hidden with its previous token
                 hin[rows, at], tin[rows, at] = out, drafts[-1]
             w = int(at.max()) + 1
-            logits, hidden = self.draft.mtp_forward(min(j, self.num_mtp - 1), hin[:, :w], tin[:, :w])
+            logits, hidden = self.draft.mtp_forward(min(j, self.num_mtp - 1), hin[:, :w], tin[:, :w],
+                                                    zero_first=self.zero_first)
             tok, pr = _pick(logits[rows, at], temperature, gen)
             out = hidden[rows, at]
             drafts.append(tok)

@@ -201,3 +201,24 @@ def test_offline_loop_estimate_predicts_the_measured_depth1_rate(synced, k):
     assert abs(rate - measured) / measured < 0.05, (rate, measured)
     if k == 1:
         assert abs(drafts - out["metrics"]["mtp/verify_ct"]) / drafts < 0.05
+
+
+def test_sglangs_draft_inputs_ignore_the_first_tokens_embedding_and_change_acceptance_not_output(synced):
+    """SGLang's MiMoMTP zeroes the token embedding at position 0 (`models/mimo_mtp.py:58`); the trainer does not.
+    With draft_inputs="sglang" the draft cannot see which token sits there; the target's output is unchanged."""
+    sp = Speculator(default_model_dir(), draft_inputs="sglang")
+    model = sp.draft
+    seq = torch.tensor([PROMPTS[0]])
+    h = torch.randn(1, seq.shape[1], model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    other = seq.clone()
+    other[0, 0] = (int(seq[0, 0]) + 1) % sp.vocab
+    for zero, same in ((True, True), (False, False)):
+        a, _ = model.mtp_forward(0, h, seq, zero_first=zero)
+        b, _ = model.mtp_forward(0, h, other, zero_first=zero)
+        assert torch.equal(a, b) is same, zero
+    want = [r["output_ids"] for r in synced.target_generate(PROMPTS, 0, 8)["requests"]]
+    got = sp.generate(PROMPTS, 2, 0, 8)
+    assert [r["output_ids"] for r in got["requests"]] == want
+    assert got["metrics"]["mtp/accept_rate"] != synced.generate(PROMPTS, 2, 0, 8)["metrics"]["mtp/accept_rate"]
+    with pytest.raises(ValueError, match="draft_inputs='vllm'"):
+        Speculator(default_model_dir(), draft_inputs="vllm")
