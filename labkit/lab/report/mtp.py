@@ -125,3 +125,19 @@ def drafts_table(run: dict) -> list[str]:
         lines.append(md_row([r["objective"], r["cadence"], _ci(*r["final"]), _ci(*r["tail"]), _ci(*r["diff_final"]),
                              _ci(*r["diff_tail"]), ", ".join(map(str, r["seeds"]))]))
     return lines
+
+
+def draft_inputs_table(run: dict) -> list[str]:
+    """`scripts/draft_inputs_ab.py`: labkit's loop with the trainer's draft inputs and with SGLang's (position 0's
+    token embedding zeroed), per temperature and drafts per step."""
+    rows = {(r["temperature"], r["k"], r["draft_inputs"]): r for r in run["runs"]}
+    lines = md_head(["T", "k", "accept rate: trainer's inputs", "SGLang's inputs", "accept length: trainer's",
+                     "SGLang's", "depth 1: trainer's", "SGLang's"])
+    for t, k in sorted({(t, k) for t, k, _ in rows}):
+        a, b = rows[(t, k, "trainer")], rows[(t, k, "sglang")]
+        lines.append(md_row([f"{t:g}", k, f"{a['mtp/accept_rate']:.3f}", f"{b['mtp/accept_rate']:.3f}",
+                             f"{a['mtp/accept_length']:.2f}", f"{b['mtp/accept_length']:.2f}",
+                             f"{a['mtp/accept_rate_pos_1']:.3f}", f"{b['mtp/accept_rate_pos_1']:.3f}"]))
+    return lines + ["", f"The shipped tiny MiMo (pretrained without the zeroing) on {run['prompts']} held-out "
+                        f"problems, answers of at most {run['max_new_tokens']} tokens; the same target, weights and "
+                        "seeds in both columns, only the draft's input at position 0 differs."]
