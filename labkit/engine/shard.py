@@ -140,9 +140,3 @@ class Sharding:
     def spec(self) -> dict:
         return {"tp": self.tp, "heads": self.heads, "kv_heads": self.kv_heads, "device": self.device}
 
-
-def overlap(piece: Piece, true: int) -> tuple[int, int]:
-    """(start, length) of the checkpoint's own extent `true` (before the engine's padding) inside a rank's
-    `piece` along its dim, relative to the piece; length 0: the rank holds only padding there."""
-    _, start, length = piece
-    return 0, max(0, min(length, true - start))

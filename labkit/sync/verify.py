@@ -95,10 +95,12 @@ class Expected:
     def add(self, named: dict[str, torch.Tensor]) -> None:
         tp = self.sharding.tp
         for name, t in named.items():
-            part = fused_part(name, self.alone)
-            for r, piece in enumerate(on_ranks(name, t, self.ffn_pad, self.sharding)):
-                if part is None:
-                    self.checksums[rank_key(name, r, tp)] = tensor_checksum(piece, self.algo)
+            part, pieces = fused_part(name, self.alone), on_ranks(name, t, self.ffn_pad, self.sharding)
+            for r, piece in enumerate(pieces):
+                if part is None:  # a replicated tensor (the same object on every rank) is hashed once
+                    same = r and piece is pieces[0]
+                    self.checksums[rank_key(name, r, tp)] = (self.checksums[rank_key(name, 0, tp)] if same
+                                                             else tensor_checksum(piece, self.algo))
                 else:
                     self._add_part(name, rank_key(part[0], r, tp), part, piece)
 

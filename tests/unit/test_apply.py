@@ -117,7 +117,7 @@ class Rank(nn.Module):
         a, m = nn.Module(), nn.Module()
         a.qkv_proj, a.o_proj, m.gate_up_proj = nn.Module(), nn.Module(), nn.Module()
         a.qkv_proj.weight = nn.Parameter(torch.zeros(8, 4), requires_grad=False)
-        a.qkv_proj.q_proj_shard_size, a.qkv_proj.kv_proj_shard_size = 4, 2
+        a.qkv_proj.q_proj_shard_size, a.qkv_proj.kv_proj_shard_size, a.qkv_proj.v_proj_shard_size = 4, 2, 2
         a.o_proj.weight = nn.Parameter(torch.zeros(4, 4), requires_grad=False)
         m.gate_up_proj.weight = nn.Parameter(torch.zeros(64, 4), requires_grad=False)
         m.gate_up_proj.output_sizes = [64, 64]

@@ -32,40 +32,48 @@ def expert_view(weight: torch.Tensor, kind: str, index: int, true_ffn: int | Non
     return weight[index // 2].narrow(0, (index % 2) * padded, true_ffn or padded)
 
 
-def sharding_of(model, tp: int) -> Sharding:
+def shard_sizes(module, tp: int = 1) -> list[int]:
+    """Row blocks of a fused linear on one rank: QKVParallelLinear's q/k/v shard sizes (per rank already), else
+    `output_sizes` (MergedColumnParallelLinear's whole sizes) split over tp."""
+    if hasattr(module, "q_proj_shard_size"):
+        return [module.q_proj_shard_size, module.kv_proj_shard_size, module.v_proj_shard_size]
+    return [s // tp for s in module.output_sizes]
+
+
+def _device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _sharding(model, tp: int) -> Sharding:
     """The engine's sharding, from the model's config as SGLang read it (head counts before a CPU engine's
-    padding: `original_*`, which labkit.engine.shard refuses anyway)."""
-    held = getattr(model, "_labkit_sharding", None)
-    if held is not None and held.tp == tp:
-        return held
+    padding: `original_*`, which labkit.engine.shard refuses)."""
     cfg = model.config
     heads = getattr(cfg, "original_num_attention_heads", None) or cfg.num_attention_heads
     kv = None if getattr(cfg, "kv_lora_rank", None) else (
         getattr(cfg, "original_total_num_kv_heads", None) or getattr(cfg, "num_key_value_heads", None) or heads)
-    model._labkit_sharding = Sharding(tp, heads, kv, "cuda" if torch.cuda.is_available() else "cpu")
-    return model._labkit_sharding
+    return Sharding(tp, heads, kv, _device())
 
 
 def view(model, name: str, shape: tuple[int, ...], tp: int, rank: int):
     """(engine parameter name, destination slice, source piece of the HF tensor or None: whole) for HF tensor
     `name` of `shape` on TP rank `rank`; (name, NOTHING, piece) where the rank holds only padding of it; None
     where the model's own loader must take it."""
-    if tp == 1:
-        found = model.param_view(name)
-        return None if found is None else (*found, None)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    piece = sharding_of(model, tp).pieces(name, engine_shape(name, tuple(shape), ffn_padding(device, tp), tp))[rank]
-    if piece is None:  # replicated: the whole tensor, as at TP 1
+    piece = None
+    if tp > 1:
+        padded = engine_shape(name, tuple(shape), ffn_padding(_device(), tp), tp)
+        piece = _sharding(model, tp).pieces(name, padded)[rank]
+    if piece is None:  # TP 1, or replicated: the whole tensor
         found = model.param_view(name)
         return None if found is None else (*found, None)
     dim, start, length = piece
     real = max(0, min(length, shape[dim] - start))  # the checkpoint's extent inside the rank's piece
     if real == 0:
         return name, NOTHING, piece
-    return _destination(model, name, dim, real, tp, (dim, start, real))
+    return _destination(model, name, (dim, start, real), tp)
 
 
-def _destination(model, name: str, dim: int, real: int, tp: int, src: Piece):
+def _destination(model, name: str, src: Piece, tp: int):
+    dim, _, real = src
     part = model.labkit_fused_part(name)
     target = name if part is None else part[0]
     try:
@@ -75,10 +83,6 @@ def _destination(model, name: str, dim: int, real: int, tp: int, src: Piece):
     if part is not None and target.endswith(EXPERT_PARAMS):  # FusedMoE: [E, 2 * I/tp, H] / [E, H, I/tp]
         return target, expert_view(weight, target.rsplit(".", 1)[1], part[1], real), src
     if part is not None:  # q/k/v or gate/up rows: the rank's own row blocks
-        owner = model.get_submodule(target.rsplit(".", 1)[0])
-        if hasattr(owner, "q_proj_shard_size"):  # QKVParallelLinear: per-rank sizes already
-            sizes = [owner.q_proj_shard_size, owner.kv_proj_shard_size, owner.kv_proj_shard_size]
-        else:  # MergedColumnParallelLinear: whole sizes
-            sizes = [s // tp for s in owner.output_sizes]
+        sizes = shard_sizes(model.get_submodule(target.rsplit(".", 1)[0]), tp)
         return target, weight.narrow(0, sum(sizes[:part[1]]), real), src
     return target, weight.narrow(dim, 0, real), src

@@ -30,7 +30,7 @@ from labkit.engine.inside import apply
 from labkit.engine.inside import checkmemo
 from labkit.engine import checksum as ck
 from labkit.engine.inside import direct
-from labkit.engine.inside.shardview import expert_view
+from labkit.engine.inside.shardview import expert_view, shard_sizes
 from labkit.engine.contract import fused_part
 
 logger = logging.getLogger(__name__)
@@ -39,13 +39,6 @@ logger = logging.getLogger(__name__)
 IGNORED = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
 EXPERT_PARAMS = ("w13_weight", "w2_weight", "w13_weight_scale_inv", "w2_weight_scale_inv")
 SCALE = "_scale_inv"  # a block-FP8 weight's scale (labkit.models.fp8): its rows are the weight's, one per block
-
-
-def shard_sizes(module) -> list[int]:
-    """Row blocks of a fused linear, per rank: QKVParallelLinear's q/k/v shard sizes, else `output_sizes`."""
-    if hasattr(module, "q_proj_shard_size"):
-        return [module.q_proj_shard_size, module.kv_proj_shard_size, module.v_proj_shard_size]
-    return list(module.output_sizes)
 
 
 class LabkitWeights:
