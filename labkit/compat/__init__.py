@@ -50,4 +50,4 @@ def planned() -> list[str]:
 
     if torch.cuda.is_available():
         return []
-    return ["cuda_only_imports", "megatron_cpu", "sglang_cpu", "fp8_cpu"]
+    return ["cuda_only_imports", "megatron_cpu", "sglang_cpu", "fp8_cpu", "spec_cpu"]

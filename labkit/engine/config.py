@@ -25,8 +25,8 @@ def _pos_int(label: str, v, allowed: str = "a positive int") -> None:
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class SpeculativeConfig:
-    """SGLang speculative decoding with the model's MTP layer as the draft. GPU only: SGLang's EAGLE worker has
-    no CPU path (on CPU, `labkit.mtp.speculative` measures the same counters over the same weights).
+    """SGLang speculative decoding with the model's MTP layer as the draft. On a CPU engine SGLang's own worker runs
+    through labkit.compat.spec_cpu (top-k 1 chains; verification at T > 0 target-only, as on GPU).
 
     Defaults are MiMo's own recipe (1 step, top-1, 2 draft tokens = 1 draft + the bonus token); verl's MTP
     rollouts use steps 2, top-k 2, draft tokens 4. Sync the draft with the trainer: `SyncConfig(selector="all")`
@@ -53,6 +53,11 @@ class SpeculativeConfig:
         check(self.eagle_topk != 1 or self.num_draft_tokens == self.num_steps + 1,
               "EngineConfig.speculative.num_draft_tokens", self.num_draft_tokens,
               f"num_steps + 1 = {self.num_steps + 1} for a top-1 chain")
+
+    def check_cpu(self) -> None:
+        """A CPU engine runs SGLang's worker through labkit.compat.spec_cpu: top-k 1 chains only."""
+        check(self.eagle_topk == 1, "EngineConfig.speculative.eagle_topk", self.eagle_topk,
+              "1 on a CPU engine (labkit.compat.spec_cpu runs top-k 1 chains; a tree needs GPU attention kernels)")
 
     def sglang_kwargs(self, model_dir: str) -> dict:
         return {"speculative_algorithm": self.algorithm, "speculative_num_steps": self.num_steps,
@@ -131,8 +136,7 @@ class EngineConfig:
             kw["max_total_tokens"] = CPU_DEFAULT_MAX_TOTAL_TOKENS
         if self.speculative is not None:
             if device == "cpu":
-                raise ValueError("EngineConfig.speculative is GPU only: SGLang's EAGLE/NEXTN worker has no CPU path "
-                                 "(labkit.mtp.speculative measures acceptance on CPU)")
+                self.speculative.check_cpu()
             kw.update(self.speculative.sglang_kwargs(self.model_dir))
         # labkit's engine-side apply of a flat bucket (mapped once, a copy plan): a format SGLang then accepts.
         kw["custom_weight_loader"] = [APPLY_FORMAT]

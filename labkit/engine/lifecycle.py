@@ -45,7 +45,7 @@ def check_quantized_dtype(cfg: EngineConfig) -> None:
                           "dtype='bfloat16'")
 
 
-def check_startable(cfg: EngineConfig, speculative: bool = True) -> None:
+def check_startable(cfg: EngineConfig) -> None:
     """Refuse, before any process starts, what a CPU engine cannot run (it would crash or hang SGLang)."""
     check_model_dir(cfg.model_dir)
     check_quantized_dtype(cfg)
@@ -54,9 +54,6 @@ def check_startable(cfg: EngineConfig, speculative: bool = True) -> None:
             cpu_tp.threads_bind(cfg.tp)
         except ValueError as e:
             raise Unsupported(f"EngineConfig.tp={cfg.tp}: {e}") from None
-    if speculative and cfg.speculative is not None and cpu():
-        raise Unsupported("EngineConfig.speculative: SGLang speculative decoding (EAGLE/NEXTN) needs CUDA; on CPU "
-                          "labkit.mtp.speculative measures acceptance over the same weights")
 
 
 def start_actor(cfg: EngineConfig, scheduling_strategy=None) -> tuple[ActorBackend, object]:
@@ -86,7 +83,7 @@ def start_actor(cfg: EngineConfig, scheduling_strategy=None) -> tuple[ActorBacke
 
 def launch_server(cfg: EngineConfig, port: int | None = None) -> tuple[HttpBackend, ServerProcess]:
     """An SGLang HTTP server subprocess (127.0.0.1) and a backend talking to it."""
-    check_startable(cfg, speculative=False)
+    check_startable(cfg)
     server = ServerProcess(cfg, port=port)
     return HttpBackend(server.url, cfg.call_timeout_s), server
 

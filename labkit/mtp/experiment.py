@@ -32,11 +32,14 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from labkit.config import ParallelSpec, TrainConfig, check
-from labkit.engine import EngineConfig
+from labkit.cluster.placement import PlacementSpec
+from labkit.engine import EngineConfig, EngineHandle
+from labkit.engine.config import SpeculativeConfig
 from labkit.engine.startup import place, start_engines
 from labkit.models.hf import read_config_json
 from labkit.models.tiny import default_model_dir
 from labkit.mtp import rl, summary, warmup
+from labkit.mtp.engine_accept import engine_draft, measure
 from labkit.mtp.acceptance import expected_accept_length
 from labkit.mtp.rl import RLConfig
 from labkit.mtp.warmup import DRAFT_LAYERS
@@ -45,6 +48,7 @@ from labkit.tasks import ArithTask
 
 Arm = Literal["frozen", "trained", "unsynced"]
 ARMS = get_args(Arm)
+Spec = Literal["loop", "engine"]
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -69,6 +73,10 @@ class ExperimentConfig:
     """MTP-only steps on the initial policy's own rollouts before RL (labkit.mtp.warmup, Bebop): every arm's draft
     starts there, the trunk stays the checkpoint's. arms=("frozen",) with pre_rl_steps > 0 is the pre-RL-only
     cadence."""
+    spec: Spec = "loop"
+    """Where acceptance is measured: "loop", labkit's speculative loop over the exported weights
+    (labkit.mtp.speculative); "engine", SGLang's own speculative decoding in a second engine synced like the rollout
+    engine, read off its counters (labkit.mtp.engine_accept), the loop beside it as the cross-check."""
     rl: RLConfig = field(default_factory=RLConfig)
 
     def __post_init__(self) -> None:
@@ -89,22 +97,12 @@ class ExperimentConfig:
               and self.pre_rl_steps >= 0, "pre_rl_steps", self.pre_rl_steps, "an integer >= 0")
         check(self.pre_rl_steps == 0 or self.rl.train.mtp_loss_scale > 0, "pre_rl_steps", self.pre_rl_steps,
               "0 when mtp_loss_scale is 0 (nothing would train the draft)")
+        check(self.spec in get_args(Spec), "spec", self.spec, f"one of {get_args(Spec)}")
 
     @classmethod
     def quick(cls, **kw) -> ExperimentConfig:
         """Seconds per step, for tests and smoke runs: the numbers mean little."""
         return cls(**{"steps": 2, "eval_prompts": 16, "seeds": (0,), "rl": RLConfig(prompts=4, group=4), **kw})
-
-
-def measure(model_dir: str, named: dict, draft: dict | None, eval_ids: list[list[int]], cfg: ExperimentConfig,
-            seed: int) -> dict:
-    """Speculative decoding with the MTP draft over the given weights; acceptance under stable keys."""
-    from labkit.mtp.speculative import Speculator  # torch; the CLI imports this module for its config
-
-    speculator = Speculator(model_dir, named, draft_weights=draft)
-    out = speculator.generate(eval_ids, k=cfg.k, temperature=cfg.spec_temperature, max_new_tokens=cfg.rl.max_new_tokens,
-                        seed=seed, progress=False)
-    return {k: v for k, v in out["metrics"].items() if k.startswith("mtp/")}
 
 
 def speculate(model_dir: str | None = None, *, k: int = 2, temperature: float = 1.0, prompts: int = 256,
@@ -140,14 +138,8 @@ def checkpoint_held_out(model_dir: str, task) -> bool:
     return json.loads(record.read_text()).get("pretrain/held_out_digest") == task.evaluation_digest()
 
 
-def engine_draft(engine, named: dict) -> dict:
-    """The MTP draft layers as the engine holds them (read back from its draft store), in the export's dtype."""
-    return {n: engine.get_weights_by_name(n).to(t.dtype).reshape(t.shape)
-            for n, t in named.items() if any(x in n for x in DRAFT_LAYERS)}
-
-
 def run_arm(arm: str, engine, placement, model_dir: str, cfg: ExperimentConfig, seed: int, progress: bool = True,
-            task=None) -> list[dict]:
+            task=None, spec_engine=None) -> list[dict]:
     from tqdm.auto import tqdm
 
     from labkit.trainer.group import Trainer  # crosses Ray and Megatron: the CLI imports this module for its config
@@ -165,13 +157,23 @@ def run_arm(arm: str, engine, placement, model_dir: str, cfg: ExperimentConfig, 
         eval_ids = [task.tokenizer.encode(p.prompt) for p in eval_problems]
         read_back = arm == "unsynced" or cfg.draft_sync_every > 1  # the engine's draft is not the trainer's
         bar = tqdm(range(cfg.steps + 1), desc=f"seed {seed} arm {arm}", disable=not progress)
+        synced = ()  # what the rollout engine's last sync left out (the initial one: nothing)
         for step in bar:
             t0 = time.perf_counter()
             named = dict(trainer.export())
             draft = engine_draft(engine, named) if read_back else None
             skip = arm == "unsynced" or (step + 1) % cfg.draft_sync_every != 0
             exclude = DRAFT_LAYERS if skip else ()
-            acc = measure(model_dir, named, draft, eval_ids, cfg, seed=seed * 7919 + step)
+            if spec_engine is None:
+                acc = measure(model_dir, named, draft, eval_ids, cfg, seed=seed * 7919 + step)
+            else:
+                from labkit.mtp import engine_accept
+
+                acc = engine_accept.measure_step(spec_engine, trainer, model_dir, named, eval_ids, cfg,
+                                                 seed * 7919 + step, synced, f"{arm}-{seed}-{step}")
+                if step == cfg.steps:
+                    acc.update(engine_accept.speedup(spec_engine, engine, eval_ids, cfg.rl.max_new_tokens))
+            synced = exclude
             problems = task.problems(cfg.rl.prompts, seed=seed * 1_000_003 + 17 * (step + 1))
             m = rl.step(trainer, engine, problems, cfg.rl, step_index=step, eval_problems=eval_problems[:64],
                         train=step < cfg.steps, exclude=exclude, spec_temperature=cfg.spec_temperature,
@@ -187,8 +189,8 @@ def run_arm(arm: str, engine, placement, model_dir: str, cfg: ExperimentConfig, 
     return rows
 
 
-def run_seed(seed: int, engine, placement, model_dir: str, cfg: ExperimentConfig, task, progress: bool = True
-             ) -> tuple[list[dict], dict | None]:
+def run_seed(seed: int, engine, placement, model_dir: str, cfg: ExperimentConfig, task, progress: bool = True,
+             spec_engine=None) -> tuple[list[dict], dict | None]:
     """Every arm of one seed: (rows, the pre-RL draft phase's record or None). With `cfg.pre_rl_steps` the arms
     start from the checkpoint the phase writes (a temporary copy: same trunk, pre-trained draft)."""
     with tempfile.TemporaryDirectory(prefix="labkit-pre-rl-") as tmp:
@@ -197,7 +199,8 @@ def run_seed(seed: int, engine, placement, model_dir: str, cfg: ExperimentConfig
             held = {p.prompt for p in evaluation_set(task, cfg.eval_prompts)[0]}
             pre = warmup.pretrain_draft(model_dir, engine, placement, cfg, seed, task, held, tmp, progress)
             start = pre["model_dir"]
-        rows = [r for arm in cfg.arms for r in run_arm(arm, engine, placement, start, cfg, seed, progress, task)]
+        rows = [r for arm in cfg.arms
+                for r in run_arm(arm, engine, placement, start, cfg, seed, progress, task, spec_engine)]
     return rows, pre
 
 
@@ -212,12 +215,18 @@ def run(cfg: ExperimentConfig | None = None, *, quick: bool = False, model_dir: 
     check(n_mtp >= 1, "model_dir", model_dir, "a model with an MTP layer (num_nextn_predict_layers >= 1) to draft with")
     _, held_out = evaluation_set(task, cfg.eval_prompts)  # a bad eval_prompts fails here, before anything starts
     t0 = time.perf_counter()
-    placement = place("colocated", 1)
+    speculative = cfg.spec == "engine"
+    placement = place(PlacementSpec(mode="colocated", engines=2 if speculative else 1), 1)
     engines: list = []
     try:
-        engine = start_engines(EngineConfig(model_dir=model_dir, dtype="float32", max_total_tokens=8192,
-                                            mem_fraction_static=0.05), placement, started=engines)[0]
-        runs = [run_seed(seed, engine, placement, model_dir, cfg, task, progress) for seed in cfg.seeds]
+        plain = EngineConfig(model_dir=model_dir, dtype="float32", max_total_tokens=8192, mem_fraction_static=0.05)
+        engine = start_engines(plain, placement, started=engines)[0]
+        spec_engine = None
+        if speculative:  # the same engine with SGLang's speculative decoding, the MTP layer as its draft
+            spec_cfg = replace(plain, speculative=SpeculativeConfig(num_steps=cfg.k, num_draft_tokens=cfg.k + 1))
+            spec_engine = EngineHandle.start(spec_cfg, placement.strategy("engine:1"))
+            engines.append(spec_engine)
+        runs = [run_seed(seed, engine, placement, model_dir, cfg, task, progress, spec_engine) for seed in cfg.seeds]
     finally:
         for e in engines:
             e.shutdown()
@@ -229,6 +238,7 @@ def run(cfg: ExperimentConfig | None = None, *, quick: bool = False, model_dir: 
     metrics.update(summary.pre_rl(pre_rl, cfg.pre_rl_steps))
     metrics["mtp/eval_disjoint"] = metrics["mtp/eval_disjoint"] and not metrics.get("mtp/pre_rl_eval_overlap")
     metrics.update({"mtp/k": cfg.k, "mtp/steps": cfg.steps, "mtp/spec_temperature": cfg.spec_temperature,
+                    "mtp/spec": cfg.spec,
                     "mtp/target": cfg.rl.train.mtp_target, "mtp/draft_sync_every": cfg.draft_sync_every,
                     "timing/mtp_experiment/total": round(time.perf_counter() - t0, 1)})
     return {"history": history, "metrics": metrics}

@@ -37,6 +37,8 @@ from labkit.mtp.acceptance import Counters
 _DRAFT_SHARED = ("model.embed_tokens.weight", "lm_head.weight")  # what the MTP draft reads besides its layers
 DraftInputs = Literal["trainer", "sglang"]
 DRAFT_INPUTS: tuple[str, ...] = get_args(DraftInputs)
+Counts = Literal["emitted", "verified"]
+COUNTS: tuple[str, ...] = get_args(Counts)
 
 
 def check_choice_of(draft_inputs: str) -> None:
@@ -197,19 +199,23 @@ class Speculator:
         return torch.stack(drafts, 1), (torch.stack(probs, 1) if temperature > 0 else None)
 
     def generate(self, prompts: list[list[int]], k: int, temperature: float, max_new_tokens: int, seed: int = 0,
-                 eos_id: int = EOS, progress: bool = True) -> dict:
+                 eos_id: int = EOS, progress: bool = True, counts: Counts = "emitted") -> dict:
         """Speculative decoding with the MTP draft, k drafts per verify step (`draft_len` in labkit.mtp.acceptance;
-        SGLang's speculative_num_steps, not its speculative_num_draft_tokens = k + 1).
+        SGLang's speculative_num_steps, not its speculative_num_draft_tokens = k + 1). `counts`: "emitted" counts
+        the drafts a round emitted (a round cut by EOS or the token budget counts fewer); "verified" every draft
+        the verify step accepted, as SGLang's counters do (its request then ends at the cut all the same).
 
         Returns {"requests": [per request: output_ids, completion_tokens and SGLang's spec_* counters],
         "metrics": {mtp/accept_length, mtp/accept_rate, mtp/accept_rate_pos_{i}, mtp/verify_ct} over all}.
         """
         self._check(prompts, temperature, max_new_tokens, k)
+        check(counts in COUNTS, "counts", counts, f"one of {COUNTS}")
         with _one_thread(self.device):
-            return self._speculate(prompts, k, temperature, max_new_tokens, seed, eos_id, progress)
+            return self._speculate(prompts, k, temperature, max_new_tokens, seed, eos_id, progress,
+                                   counts == "verified")
 
     def _speculate(self, prompts: list[list[int]], k: int, temperature: float, max_new_tokens: int, seed: int,
-                   eos_id: int, progress: bool) -> dict:
+                   eos_id: int, progress: bool, all_verified: bool = False) -> dict:
         from tqdm.auto import tqdm
 
         dev, b = self.device, len(prompts)
@@ -247,7 +253,8 @@ class Speculator:
                 eos = (tokens == eos_id) & (col <= acc[:, None])
                 first_eos = torch.where(eos.any(1), eos.long().argmax(1), k + 1)
                 n_emit = torch.minimum(torch.minimum(acc + 1, max_new_tokens - emitted[a]), first_eos + 1)
-                counted = torch.minimum(acc, n_emit)
+                counted = acc if all_verified else torch.minimum(acc, n_emit)
+                seen = counted + 1 if all_verified else torch.minimum(counted + 1, n_emit)
                 sa.scatter_(1, na[:, None] + col, tokens)  # past n_emit: junk, never read (causal)
                 seq[a] = sa
                 hid[a, :width] = h  # valid below the new last token: its prefix was all accepted
@@ -256,7 +263,7 @@ class Speculator:
                 verify_ct[a] += 1
                 correct[a] += counted
                 # position j's fate is known when drafts < j were emitted and accepted and j was not cut off
-                pos_prop[a] += (col[1:] <= torch.minimum(counted + 1, n_emit)[:, None]).long()
+                pos_prop[a] += (col[1:] <= seen[:, None]).long()
                 pos_acc[a] += (col[1:] <= counted[:, None]).long()
                 hist[a, counted] += 1
                 done[a] = (first_eos < n_emit) | (emitted[a] >= max_new_tokens)

@@ -97,6 +97,9 @@ def across_seeds(per_seed: Sequence[dict], arms: Sequence[str]) -> dict:
         for what in ("final", "tail"):
             mean, ci = mean_ci95([s[f"mtp/{what}_accept_rate_{arm}"] for s in per_seed])
             out[f"mtp/{what}_accept_rate_{arm}_mean"], out[f"mtp/{what}_accept_rate_{arm}_ci95"] = mean, ci
+        if f"spec/final_speedup_{arm}" in per_seed[0]:  # spec="engine"
+            mean, ci = mean_ci95([s[f"spec/final_speedup_{arm}"] for s in per_seed])
+            out[f"spec/speedup_{arm}_mean"], out[f"spec/speedup_{arm}_ci95"] = mean, ci
     if "trained" in arms and "frozen" in arms:
         for what in ("final", "tail"):
             key = "diff_trained_frozen" if what == "final" else "diff_trained_frozen_tail"

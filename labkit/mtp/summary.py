@@ -40,6 +40,23 @@ def per_seed(rows: list[dict], arms: Sequence[str], seed: int) -> dict:
         out[f"mtp/tail_accept_rate_{a}"] = _mean([r["mtp/accept_rate"] for r in tail])
         for key in (k for k in mine[-1] if k.startswith("mtp/accept_rate_pos_")):  # by draft depth (k > 1)
             out[f"mtp/final_{key.removeprefix('mtp/')}_{a}"] = mine[-1][key]
+        for key, name in (("mtp/loop_accept_rate", "mtp/final_loop_accept_rate"),
+                          ("spec/speedup", "spec/final_speedup")):
+            if key in mine[-1]:  # spec="engine": labkit's loop beside the engine's counters, and the draft's speed
+                out[f"{name}_{a}"] = mine[-1][key]
+    return out
+
+
+def engine_checks(history: list[dict]) -> dict:
+    """spec="engine": the greedy cross-check's worst step (overall and per depth), and whether every sync into the
+    speculative engine was verified on its draft runner, which held what its store held."""
+    rows = [r for r in history if "mtp/engine_vs_loop_accept_diff" in r]
+    if not rows:
+        return {}
+    out = {f"{k}_max": max(r[k] for r in rows if _num(r.get(k)))
+           for k in sorted({k for r in rows for k in r if k.startswith("mtp/engine_vs_loop_accept_diff")})}
+    out["mtp/draft_verified_every_step"] = all(r["mtp/draft_verified"] for r in rows)
+    out["mtp/draft_runner_is_store_every_step"] = all(r["mtp/draft_runner_is_store"] for r in rows)
     return out
 
 
@@ -162,6 +179,7 @@ def summarize(history: list[dict], arms: Sequence[str], seeds: Sequence[int], ev
     out.update(rollouts_identical(history, arms, seeds))
     out.update(unsynced_engine_draft(history))
     out.update(entropy_split(history, arms))
+    out.update(engine_checks(history))
     probed = [r["sync/probe_kl"] for r in history if "sync/probe_kl" in r]
     if probed:  # RLConfig.probe: the behaviour probe after every sync, its worst reading and how many there were
         out.update({"sync/probe_kl_max": max(probed), "sync/probe_syncs": len(probed)})

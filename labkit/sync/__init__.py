@@ -77,10 +77,10 @@ def _run(producer: Producer, engine, cfg: SyncConfig, expected: dict, weight_ver
     """What `sync` and `stream` share: the guard with cfg.atomic, else the Syncer alone (its private key dropped)."""
     from labkit.sync.atomic import guard_for
     from labkit.sync.session import Syncer
-    from labkit.sync.spec import refuse_at_tp
+    from labkit.sync.spec import refuse_unsupported
     from labkit.sync.verify import ENGINE_CHECKSUMS
 
-    refuse_at_tp(cfg, expected)
+    refuse_unsupported(cfg, expected)
     if cfg.atomic:
         return guard_for(engine).sync(producer, cfg, expected, weight_version, tuple(exclude))
     m = producer.export_to(Syncer(), engine.portable(call_timeout_s=call_timeout_s), cfg, expected, weight_version,

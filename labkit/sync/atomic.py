@@ -125,7 +125,8 @@ class Guard:
                                    deadline_s=cfg.deadline_s)
             if m.get("sync/verified") is False:
                 raise EngineError(f"verification failed: {len(m['verify/mismatched'])} tensors differ "
-                                  f"(e.g. {m['verify/mismatched'][:3]}), {len(m['verify/missing'])} missing")
+                                  f"(e.g. {m['verify/mismatched'][:3]}), {len(m['verify/missing'])} missing, "
+                                  f"draft runner parameters unchecked: {m.get('verify/draft_unchecked', [])[:3]}")
             if cfg.probe:  # in behaviour: it generates, so the engine serves the verified weights from here on
                 engine.continue_generation()
                 m.update(probe.measure(producer, engine, cfg.probe, probe.vocab_of(spec)))
@@ -152,13 +153,14 @@ class Guard:
             return
         model_dir = self.engine.cfg.model_dir
         pad, algo, shards = spec.get("ffn_pad", 1), spec.get("checksum", ck.DEFAULT), sharding(spec)
-        if vf.expected_checksums(lastgood.model_dir_tensors(model_dir, dtype), pad, algo, shards) == before:
+        if vf.with_draft(vf.expected_checksums(lastgood.model_dir_tensors(model_dir, dtype), pad, algo, shards),
+                         before) == before:
             self.store.adopt_model_dir(model_dir, v_before, before)
             return
         # Someone changed the weights outside labkit's syncs: read them back once (slow, but exact).
         named = {n: self.engine.get_weights_by_name(n).to(lastgood.bk.torch_dtype(held))
                  for n, (_, held) in spec["tensors"].items()}  # the read-back is float32: back to what is held
-        if vf.expected_checksums(named, pad, algo, shards) != before:
+        if vf.with_draft(vf.expected_checksums(named, pad, algo, shards), before) != before:
             raise EngineError("cannot take a bitwise copy of the weights the engine serves now (its read-back "
                               "does not hash to its checksums): refusing to sync without a rollback target")
         path = lastgood.write(self.store.staging(), named, v_before)

@@ -11,7 +11,7 @@ from labkit.config import check
 from labkit.engine.contract import Contract, ffn_padding
 from labkit.engine.shard import Sharding
 
-__all__ = ["engine_spec", "checked_expected", "sharding_of", "sharding", "refuse_at_tp"]
+__all__ = ["engine_spec", "checked_expected", "sharding_of", "sharding", "refuse_unsupported"]
 
 
 def engine_spec(model_dir: str, dtype: str = "auto", ffn_pad: int = 1) -> dict:
@@ -31,6 +31,7 @@ def checked_expected(engine, exclude) -> dict:
     expected = engine_spec(engine.cfg.model_dir, engine.cfg.dtype, ffn_padding(engine.device, engine.tp_size))
     expected["checksum"] = engine.checksum_algo()  # the engine checker's hash: the trainer hashes the same way
     expected["sharding"] = sharding_of(engine.cfg.model_dir, engine.tp_size, engine.device).spec()
+    expected["draft"] = getattr(engine.cfg, "speculative", None) is not None  # a draft runner (labkit.engine.draft)
     if exclude and all(any(x in n for x in exclude) for n in expected["tensors"]):
         raise ValueError(f"empty sync refused: exclude={tuple(exclude)!r} names all {len(expected['tensors'])} tensors "
                          "of the engine's model; nothing would be sent or verified")
@@ -52,11 +53,17 @@ def sharding(spec: dict | None) -> Sharding:
     return Sharding(**(spec or {}).get("sharding", {}))
 
 
-def refuse_at_tp(cfg, spec: dict) -> None:
-    """What a sync into an engine at TP > 1 cannot do yet, refused before anything moves (Unsupported, naming
-    the setting): a full read-back (labkit reads whole tensors from TP 1 engines) and a delta sync (its payload
-    is the changed words of whole tensors, while each rank holds a piece)."""
+def refuse_unsupported(cfg, spec: dict) -> None:
+    """What a sync into this engine cannot do yet, refused before anything moves (Unsupported, naming the setting).
+    At TP > 1: a full read-back (labkit reads whole tensors from TP 1 engines) and a delta sync (its payload is the
+    changed words of whole tensors, while each rank holds a piece). With a draft runner: transport="direct" (the
+    trainer writes the target runner's parameters in place; the draft runner holds copies of its own)."""
     from labkit.engine.errors import Unsupported
+
+    if spec.get("draft") and cfg.transport == "direct":
+        raise Unsupported("transport='direct' writes the target runner's parameters in place, and this engine's "
+                          "speculative draft runner holds its own copy of the MTP layer, which would stay stale; "
+                          "use transport='colocated', 'distributed' or 'per-tensor'")
 
     tp = sharding(spec).tp
     if tp > 1 and cfg.verify == "full":

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from labkit.engine import checksum as ck
+from labkit.engine import draft
 from labkit.engine.contract import NONE, engine_shape, fused_part, standalone
 from labkit.engine.shard import Sharding, rank_key
 
@@ -152,12 +153,22 @@ def _feed(stream: list, t: torch.Tensor) -> None:
     stream[1] += 1
 
 
+def with_draft(expected: dict[str, str], actual: dict[str, str]) -> dict[str, str]:
+    """`expected` plus the draft runner's copies of it, where `actual` (an engine's checksums) has a draft runner."""
+    return expected | draft.mirrored(expected, actual)
+
+
 def compare(expected: dict[str, str], actual: dict[str, str]) -> dict:
-    """Every expected tensor must be present on the engine with the same checksum."""
+    """Every expected tensor must be present on the engine with the same checksum; on a speculative engine the
+    draft runner's copies too (labkit.engine.draft), and a draft parameter no synced tensor mirrors fails it."""
+    mirrors = draft.mirrored(expected, actual)
+    unchecked = draft.unmirrored(actual) if mirrors else []
+    expected = expected | mirrors
     missing = sorted(n for n in expected if n not in actual)
     mismatched = sorted(n for n in expected if n in actual and actual[n] != expected[n])
-    return {"sync/verified": not missing and not mismatched, "verify/num_checked": len(expected),
-            "verify/missing": missing[:20], "verify/mismatched": mismatched[:20]}
+    return {"sync/verified": not missing and not mismatched and not unchecked, "verify/num_checked": len(expected),
+            "verify/missing": missing[:20], "verify/mismatched": mismatched[:20],
+            "verify/draft_checked": len(mirrors), "verify/draft_unchecked": unchecked[:20]}
 
 
 def compare_full(named: dict[str, torch.Tensor], fetch) -> dict:

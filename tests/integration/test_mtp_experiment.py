@@ -1,5 +1,6 @@
 """`labkit mtp-experiment`: the whole loop (engine rollouts, GRPO + MTP loss in Megatron, sync, speculative
-acceptance per step) on real components with --quick; the JSON contract is what is checked. The research
+acceptance per step) on real components with --quick, acceptance measured by SGLang's own speculative decoding
+(--spec engine) with labkit's loop beside it; the JSON contract is what is checked. The research
 targets (trained >= frozen + 0.10, ...) are measured by the default run and recorded, never asserted here."""
 
 import json
@@ -16,7 +17,8 @@ ARMS = ("frozen", "trained", "unsynced")
 
 @pytest.fixture(scope="module")
 def quick():
-    rc, out, err = _labkit("mtp-experiment", "--quick", "--pre-rl-steps", "1", "--probe", "4", "--json", timeout=900)
+    rc, out, err = _labkit("mtp-experiment", "--quick", "--pre-rl-steps", "1", "--probe", "4", "--spec", "engine",
+                           "--json", timeout=900)
     assert rc == 0, err[-3000:]
     return json.loads(out[-1])
 
@@ -76,12 +78,23 @@ def test_seed_keys_are_present_and_one_seed_claims_no_interval(quick):
     assert 0.0 <= quick["mtp/offline_err_step_mean"] <= quick["mtp/offline_err_step_max"] <= 1.0
 
 
+def test_the_engine_measures_what_labkits_loop_measures_on_the_draft_it_was_synced(quick):
+    """SGLang's counters equal labkit's loop on SGLang's draft inputs at greedy, every step; every sync into the
+    speculative engine was verified on its draft runner too; the draft's speed is reported per arm."""
+    assert quick["mtp/spec"] == "engine"
+    assert quick["mtp/engine_vs_loop_accept_diff_max"] <= 0.01
+    assert quick["mtp/draft_verified_every_step"] is True and quick["mtp/draft_runner_is_store_every_step"] is True
+    for arm in ARMS:
+        assert 0.0 <= quick[f"mtp/final_loop_accept_rate_{arm}"] <= 1.0
+        assert math.isfinite(quick[f"spec/speedup_{arm}_mean"]) and quick[f"spec/speedup_{arm}_mean"] > 0
+
+
 @pytest.mark.parametrize("args,match", [
     (["--k", "0"], "k='0' is invalid"), (["--temperature", "-0.5"], "spec_temperature='-0.5' is invalid"),
     (["--arms", "trained,bogus"], "arms='trained,bogus'"), (["--group", "1"], "group='1' is invalid"),
     (["--steps", "0"], "steps='0' is invalid"), (["--seeds", "0,x"], "seeds='0,x' is invalid"),
     (["--seeds", "1,1"], "seeds='1,1' is invalid"), (["--eval-prompts", "300"], "n=300"),
-    (["--pre-rl-steps", "-1"], "pre_rl_steps='-1' is invalid"),
+    (["--pre-rl-steps", "-1"], "pre_rl_steps='-1' is invalid"), (["--spec", "gpu"], "spec='gpu' is invalid"),
 ])
 def test_bad_flags_fail_before_anything_starts(args, match):
     rc, out, err = _labkit("mtp-experiment", "--quick", *args, timeout=60)

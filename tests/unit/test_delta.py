@@ -52,6 +52,24 @@ def test_round_trip_is_bitwise_for_any_mix_and_fraction(seed):
         assert torch.equal(_flat(dst), f_new)
 
 
+@pytest.mark.parametrize("flat", [False, True])
+def test_a_runner_holding_some_of_a_bucket_writes_those_and_nothing_else(flat):
+    """A speculative engine's draft runner holds a few tensors of a bucket (labkit.engine.draft): it decodes the
+    payload into those alone, its spans leaving gaps, and the words of the others land nowhere."""
+    g = torch.Generator().manual_seed(0)
+    old = [torch.randn(n, generator=g) for n in (40, 24, 64, 8)]
+    new = [t.clone() for t in old]
+    for t in new:
+        t[::5] += 1  # a fifth changed in every tensor, the held ones and the others
+    payload, k, encoding = delta.encode(_flat(new), _flat(old), 4, torch.empty(_flat(new).numel(), dtype=torch.uint8))
+    held = [1, 3]
+    dst = [old[i].clone() for i in held]
+    spans = [_spans(old)[i] for i in held]
+    assert delta.decode_into(payload, 4, _flat(old).numel() // 4, spans, dst, encoding, flat=flat) == k
+    assert all(not torch.equal(d, old[i]) for d, i in zip(dst, held))
+    assert all(torch.equal(d, new[i]) for d, i in zip(dst, held))
+
+
 def test_nan_and_negative_zero_are_compared_as_bits():
     old = torch.tensor([float("nan"), 0.0, 1.0, 2.0] * 8, dtype=torch.float32)
     new = old.clone()

@@ -1,4 +1,4 @@
-"""The SGLang speculative (MTP draft) engine option: validated on construction, GPU only."""
+"""The SGLang speculative (MTP draft) engine option: validated on construction; on CPU, top-k 1 chains."""
 
 import pytest
 
@@ -24,6 +24,11 @@ def test_bad_speculative_settings_name_the_value(bad, match):
         SpeculativeConfig(**bad)
 
 
-def test_speculative_engine_is_refused_on_cpu_with_the_reason():
-    with pytest.raises(ValueError, match="GPU only"):
-        EngineConfig(model_dir="m", speculative=SpeculativeConfig()).sglang_kwargs("cpu")
+def test_a_cpu_engine_takes_chains_and_refuses_a_tree_naming_the_value():
+    chain = SpeculativeConfig(num_steps=2, num_draft_tokens=3)
+    kw = EngineConfig(model_dir="m", speculative=chain).sglang_kwargs("cpu")
+    assert kw["speculative_num_steps"] == 2
+    tree = SpeculativeConfig(num_steps=2, eagle_topk=2, num_draft_tokens=4)
+    assert EngineConfig(model_dir="m", speculative=tree).sglang_kwargs("cuda")["speculative_eagle_topk"] == 2
+    with pytest.raises(ValueError, match="eagle_topk=2"):
+        EngineConfig(model_dir="m", speculative=tree).sglang_kwargs("cpu")

@@ -59,6 +59,7 @@ from labkit.engine.inside import copyplan
 from labkit.engine.inside import delta
 from labkit.engine.inside import direct
 from labkit.engine.inside import ring
+from labkit.engine.inside import runners
 from labkit.engine.inside import colocated as stagefile
 from labkit.engine.config import APPLY_FORMAT
 
@@ -106,10 +107,13 @@ def load_flat(model, named_tensors) -> None:
         # The call's placeholder is the trainer's shared segment: dropped once the call returns after a killed
         # trainer, it would take the engine down (`_release`). It is let go when the trainer closes the sync
         # (`end_sync`) or at the next ring sync (no local name may hold it: this frame outlives a killed trainer).
+        if runners.served(named_tensors[0][0], model):  # a draft runner: the target's call applied every bucket
+            return
         while _placeholders:
             _release(_placeholders.pop())
         _placeholders.append(named_tensors[0][1])
-        ring.serve(named_tensors[0][0], lambda data: load_flat(model, MultiprocessingSerializer.deserialize(data)))
+        runners.serve_ring(named_tensors[0][0], model,
+                           lambda m, data: load_flat(m, MultiprocessingSerializer.deserialize(data)))
         return  # the whole sync, in this one call
     for key, flat in named_tensors:
         if isinstance(key, str) and key.startswith(direct.DONE_PREFIX):  # the trainer wrote the parameters itself
@@ -163,7 +167,7 @@ def _apply_delta(model, key: str, payload: torch.Tensor) -> None:
     """Write the changed words of a delta payload into the parameter slices of its bucket's plan."""
     word, n_words, encoding, layout = key[len(DELTA_PREFIX):].split(":", 3)
     plan = copyplan.plan_for(model, layout)
-    loose = [plan.entries[i][0] for i in [*plan.fallback, *plan.pieces, *plan.elsewhere]] + \
+    loose = [plan.entries[i][0] for i in [*plan.fallback, *plan.pieces]] + \
         [plan.entries[i][0] for i, d in zip(plan.direct, plan.dsts) if not d.is_contiguous()]
     if loose:
         raise ValueError(f"labkit apply: a delta sync needs every tensor of a bucket in the copy plan, and "
@@ -172,9 +176,11 @@ def _apply_delta(model, key: str, payload: torch.Tensor) -> None:
     if fp.engine_armed("engine.apply"):  # `labkit faults`: a failure before this bucket's changed words land
         for e in plan.entries:
             fp.hit("engine.apply", name=e[0])
-    spans = [(e[3], e[4]) for e in plan.entries]
-    delta.decode_into(_held(payload), int(word), int(n_words), spans, plan.dsts, encoding)  # dsts == entries
-    _after_apply(model, [e[0] for e in plan.entries])
+    if not plan.direct:  # a bucket this runner holds nothing of (a speculative engine's draft: the trunk)
+        return
+    spans = [tuple(plan.entries[i][3:5]) for i in plan.direct]  # `elsewhere`: held by another runner or rank
+    delta.decode_into(_held(payload), int(word), int(n_words), spans, plan.dsts, encoding)
+    _after_apply(model, [plan.entries[i][0] for i in plan.direct])
     _stats["copy_plan"] += len(plan.direct)
     settle(payload)
 

@@ -120,7 +120,9 @@ def _indices(mask: torch.Tensor) -> torch.Tensor:
 def decode_into(payload: torch.Tensor, word: int, n_words: int, spans: list[tuple[int, int]],
                 dsts: list[torch.Tensor], encoding: str = "mask", flat: bool | None = None) -> int:
     """Apply a payload to the destinations: `spans[i]` is the byte range of tensor i in the bucket, `dsts[i]`
-    its contiguous destination (any dtype whose bytes are a multiple of `word`). Returns the words written.
+    its contiguous destination (any dtype whose bytes are a multiple of `word`). Returns the words written. The
+    spans need not cover the bucket: words outside every span are another model's (a speculative engine's target
+    and draft runners each apply the bucket to the tensors they hold).
 
     Two ways, the same words written: per destination (an `index_copy_` each: the CPU's way, where an op costs
     little) or, `flat` (the default on a GPU), through one bucket-sized scratch: gather the destinations into it,
@@ -132,12 +134,12 @@ def decode_into(payload: torch.Tensor, word: int, n_words: int, spans: list[tupl
         raise ValueError(f"delta decode: the payload names {where.numel()} changed words of {n_words}, and "
                          f"carries {vals.numel()} values")
     if payload.is_cuda if flat is None else flat:
-        _decode_flat(where, vals, word, spans, dsts)
+        _decode_flat(where, vals, word, spans, dsts, n_words)
         return where.numel()
-    bounds = torch.tensor([a // word for a, _ in spans] + [spans[-1][1] // word], device=where.device)
+    bounds = torch.tensor([[a // word, b // word] for a, b in spans], device=where.device).view(-1)
     cuts = torch.searchsorted(where, bounds).tolist()
     for i, ((a, _), dst) in enumerate(zip(spans, dsts)):
-        c0, c1 = cuts[i], cuts[i + 1]
+        c0, c1 = cuts[2 * i], cuts[2 * i + 1]
         if c1 > c0:
             words = dst.view(-1).view(torch.uint8).view(WORDS[word])
             words.index_copy_(0, where[c0:c1] - a // word, vals[c0:c1])
@@ -145,9 +147,9 @@ def decode_into(payload: torch.Tensor, word: int, n_words: int, spans: list[tupl
 
 
 def _decode_flat(where: torch.Tensor, vals: torch.Tensor, word: int, spans: list[tuple[int, int]],
-                 dsts: list[torch.Tensor]) -> None:
+                 dsts: list[torch.Tensor], n_words: int) -> None:
     """The payload's words into one scratch bucket holding what the destinations hold, then back to them."""
-    scratch = torch.empty(spans[-1][1], dtype=torch.uint8, device=vals.device)
+    scratch = torch.empty(n_words * word, dtype=torch.uint8, device=vals.device)
     views = [scratch[a:b] for a, b in spans]
     raws = [d.view(-1).view(torch.uint8) for d in dsts]
     torch._foreach_copy_(views, raws)

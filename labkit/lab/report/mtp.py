@@ -141,3 +141,36 @@ def draft_inputs_table(run: dict) -> list[str]:
     return lines + ["", f"The shipped tiny MiMo (pretrained without the zeroing) on {run['prompts']} held-out "
                         f"problems, answers of at most {run['max_new_tokens']} tokens; the same target, weights and "
                         "seeds in both columns, only the draft's input at position 0 differs."]
+
+
+def engine_table(run: dict) -> list[str]:
+    """`labkit mtp-experiment --spec engine`: acceptance from SGLang's own counters per arm (primary), labkit's
+    loop beside it at the same temperature, the greedy cross-check's worst step, and the draft's speed."""
+    m = run.get("metrics", run)
+    head = ["arm", "engine counters: final accept rate, mean [95 % CI]", "last quarter, mean [95 % CI]",
+            "labkit's loop, same T (final, mean)", "spec/speedup, mean [95 % CI]"]
+    lines = md_head(head)
+    for arm in m["mtp/arms"]:
+        loop = [s[f"mtp/final_loop_accept_rate_{arm}"] for s in m["mtp/per_seed"]]
+        lines.append(md_row([arm, _ci(m[f"mtp/final_accept_rate_{arm}_mean"], m[f"mtp/final_accept_rate_{arm}_ci95"]),
+                           _ci(m[f"mtp/tail_accept_rate_{arm}_mean"], m[f"mtp/tail_accept_rate_{arm}_ci95"]),
+                           f"{sum(loop) / len(loop):.3f}",
+                           _ci(m[f"spec/speedup_{arm}_mean"], m[f"spec/speedup_{arm}_ci95"])]))
+    lines.append("")
+    depths = ", ".join(f"depth {k.rsplit('_', 2)[-2]}: {v:.4f}" for k, v in sorted(m.items())
+                       if k.startswith("mtp/engine_vs_loop_accept_diff_pos_") and k.endswith("_max"))
+    lines.append(f"- greedy cross-check, engine counters vs labkit's loop on SGLang's draft inputs, worst step "
+                 f"(`mtp/engine_vs_loop_accept_diff`): {m['mtp/engine_vs_loop_accept_diff_max']:.4f} ({depths})")
+    lines.append(f"- every sync into the speculative engine verified on its draft runner too: "
+                 f"{m['mtp/draft_verified_every_step']}; the draft runner held what the draft store held at every "
+                 f"step: {m['mtp/draft_runner_is_store_every_step']}")
+    if "mtp/diff_trained_frozen_mean" in m:
+        lines.append(f"- trained − frozen by the engine's counters, paired by seed (final): "
+                     f"{_ci(m['mtp/diff_trained_frozen_mean'], m['mtp/diff_trained_frozen_ci95'])}")
+    if "mtp/unsynced_lowest_all_seeds" in m:
+        lines.append(f"- unsynced lowest in every seed by the engine's counters: {m['mtp/unsynced_lowest_all_seeds']}")
+    lines.append(f"- rollouts token-identical across arms at step 0: {m['mtp/rollouts_identical_step0']}, at later "
+                 f"steps: {_pct(m['mtp/rollouts_identical_fraction'])}; evaluation held out: {m['mtp/eval_disjoint']}")
+    lines.append(f"- seeds {m['mtp/seeds']}, {m['mtp/steps']} steps per arm, k = {m['mtp/k']}, T = "
+                 f"{m['mtp/spec_temperature']}, {m['timing/mtp_experiment/total'] / 60:.1f} min{host_phrase(run)}")
+    return lines

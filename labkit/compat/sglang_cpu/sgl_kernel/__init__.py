@@ -3,8 +3,9 @@
 PyPI's sglang-kernel is a CUDA build (it needs libcuda at import) and the CPU build is source-only.
 SGLang's CPU engine imports a few `*_cpu` kernels at module load but its basic generate and
 weight-update paths never call them. Every name here is a function that raises NotImplementedError
-naming itself, so a path that needs a real kernel fails loudly, never silently. One exception computes:
-`torch.ops.sgl_kernel.murmur_hash32_cpu`, which SGLang's seeded sampler calls (labkit.compat.seeded).
+naming itself, so a path that needs a real kernel fails loudly, never silently. The exceptions compute:
+`torch.ops.sgl_kernel.murmur_hash32_cpu`, which SGLang's seeded sampler calls (labkit.compat.seeded), and the ops
+of SGLang's speculative-decoding CPU lane (labkit.compat.spec_cpu.kernels).
 """
 
 import importlib.abc
@@ -32,7 +33,9 @@ def _stub(name):
 def __getattr__(name):
     if name.startswith("__"):
         raise AttributeError(name)
-    return _stub(f"sgl_kernel.{name}")
+    from labkit.compat.spec_cpu.kernels import KERNELS  # speculative decoding's ops, in torch
+
+    return KERNELS.get(name) or _stub(f"sgl_kernel.{name}")
 
 
 def _module_getattr(prefix):

@@ -15,6 +15,8 @@ import torch as _torch
 if not _torch.cuda.is_available() and "sglang" in _sys.modules:
     from labkit.engine.inside import fp8_cpu as _fp8_cpu
     from labkit.compat import seeded as _seeded
+    from labkit.compat import spec_cpu as _spec_cpu
 
     _seeded.patch_sampling_seeds()
     _fp8_cpu.apply()  # block-FP8 checkpoints served torch-natively (SGLang's CPU path needs AMX)
+    _spec_cpu.apply()  # SGLang's EAGLE/NEXTN worker (the draft worker starts after the target's model loads)

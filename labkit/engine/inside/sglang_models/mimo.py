@@ -1,13 +1,14 @@
 """SGLang's MiMoForCausalLM plus an MTP draft-weight store (and labkit's weight access, `weights.LabkitWeights`).
 
 MTP draft store: SGLang's target model skips `model.mtp_layers.*` (only a speculative draft worker, MiMoMTP,
-loads them), and a CPU engine cannot speculate, so no engine process would hold the MTP weights. labkit's
-weight sync still sends them with every sync and verifies them bitwise on the engine, and labkit's CPU
-speculative-decoding loop reads them back. So the target model keeps them as plain parameters under
+loads them), so an engine without speculative decoding would hold no MTP weights. labkit's weight sync still
+sends them with every sync and verifies them bitwise on the engine, and labkit's speculative-decoding loop reads
+them back. So the target model keeps them as plain parameters under
 `model.mtp_layers.{i}` in SGLang's own layout (q/k/v fused into `self_attn.qkv_proj`, gate/up into
 `mlp.gate_up_proj`), where SGLang's weight checker (`check_weights("checksum")`, over `named_parameters()`)
-and `get_weights_by_name` see them. The store never runs in forward; on GPU with `speculative_algorithm` the
-real draft worker (MiMoMTP) loads and runs its own copy, and this store is an unused duplicate.
+and `get_weights_by_name` see them. The store never runs in forward; with `EngineConfig.speculative` the
+draft worker (labkit's MiMoMTP, `mimo_mtp.py`) loads and runs its own copy, verified beside the store
+(labkit.engine.draft).
 """
 
 from __future__ import annotations
