@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 Optimizer = Literal["adam", "sgd"]
-MtpTarget = Literal["tokens", "policy", "topk", "tv"]
+MtpTarget = Literal["tokens", "policy", "topk", "tv", "dspark"]
 MtpClip = Literal["own", "global"]
 
 
@@ -223,7 +223,7 @@ class TrainConfig:
     """MTP gradients stop at the trunk (labkit.trainer.mtp_loss; RL); pretraining trains both."""
     mtp_target: MtpTarget = "tokens"
     """What the draft learns: tokens (CE on the sampled tokens, Megatron's), or the main head's distribution:
-    policy (KL), topk (top-8 soft CE, SkyRL), tv (total variation, Bebop)."""
+    policy (KL), topk (top-8 soft CE, SkyRL), tv (total variation, Bebop), dspark (0.1 CE + 0.9 TV, NeMo-RL)."""
     mtp_lr_mult: float = 1.0
     """The MTP layers' lr over the trunk's: a draft must keep up with a moving policy."""
     micro_batches: int = 1

@@ -22,11 +22,13 @@
 # or before RL only (`PRE_RL_STEPS` > 0 with ARMS `frozen`, Bebop). Sweep one over seeds headless:
 # `labkit notebook sweep 03_acceptance_rate --over MTP_TARGET -p MTP_TARGET tokens,policy,topk,tv -p ARMS trained`.
 #
-# Acceptance is measured on the task's held-out problems (never drawn by pretraining or RL).
-# Every step, labkit's speculative decoder (`labkit.mtp.speculative`, the MTP head chained as the draft, verified
-# by the target with rejection sampling) measures acceptance over the exported weights the engine serves; the
-# RL step's own teacher-forced forward gives the offline estimate `E[sum_x min(p, q)]` (dotted lines).
-# On a GPU, SGLang's speculative engine reports the same counters (`labkit.mtp.acceptance.parse_sglang_meta`).
+# Acceptance is measured on the task's held-out problems (never drawn by pretraining or RL). With `SPEC = "engine"`
+# (the default) it comes from SGLang's own speculative decoding: a second engine, started with the MTP layer as its
+# draft and synced like the rollout engine, reports its counters per weight version (on CPU through
+# `labkit.compat.spec_cpu`); labkit's speculative decoder (`labkit.mtp.speculative`, verified with rejection
+# sampling) runs beside it (`mtp/loop_*`), and a greedy cross-check compares the two every step
+# (`mtp/engine_vs_loop_accept_diff`). `SPEC = "loop"` measures with labkit's decoder alone. The RL step's own
+# teacher-forced forward gives the offline estimate `E[sum_x min(p, q)]` (dotted lines).
 
 # %%
 from labkit.workbench import nb
@@ -48,6 +50,7 @@ DRAFT_SYNC_EVERY = 1  # cadence: the draft rides along every N-th sync
 PRE_RL_STEPS = 0  # MTP-only steps on the initial policy's rollouts before RL (Bebop); with ARMS "frozen": pre-RL only
 SEED = 0  # the standalone run's sampling seed
 SEEDS = "0,1,2"  # one run of every arm per seed
+SPEC = "engine"  # where acceptance is measured: engine (SGLang's counters, labkit's loop beside) or loop
 QUICK = False  # a few seconds per step, one seed: the numbers mean little
 INTERACTIVE = False
 
@@ -60,7 +63,7 @@ nb.check_params(globals(), {
     "TEMPERATURE": nb.Float(0.0, 2.0), "EVAL_PROMPTS": nb.Int(1, 256), "PROMPTS": nb.Int(1, 512),
     "GROUP": nb.Int(2, 64), "MTP_LR_MULT": nb.Float(0.01, 100.0),
     "MTP_TARGET": nb.Choice.of(TrainConfig, "mtp_target"), "DRAFT_SYNC_EVERY": nb.Int(1, 500),
-    "PRE_RL_STEPS": nb.Int(0, 500), "SEED": nb.Int(0),
+    "PRE_RL_STEPS": nb.Int(0, 500), "SEED": nb.Int(0), "SPEC": nb.Choice.of(ExperimentConfig, "spec"),
     "SEEDS": nb.Ints(), "QUICK": nb.Bool(), "INTERACTIVE": nb.Bool()});
 
 # %% [markdown]
@@ -83,7 +86,8 @@ nb.show(viz.per_position(spec["metrics"]), name="per_position", interactive=INTE
 # %%
 base = experiment.ExperimentConfig.quick() if QUICK else experiment.ExperimentConfig()
 cfg = experiment.with_overrides(base, arms=tuple(a.strip() for a in ARMS.split(",")), k=K,
-                                spec_temperature=TEMPERATURE, pre_rl_steps=PRE_RL_STEPS, **({} if QUICK else dict(
+                                spec_temperature=TEMPERATURE, pre_rl_steps=PRE_RL_STEPS, spec=SPEC,
+                                **({} if QUICK else dict(
                                     seeds=tuple(int(s) for s in SEEDS.split(",")),
                                     steps=STEPS, eval_prompts=EVAL_PROMPTS, prompts=PROMPTS, group=GROUP,
                                     mtp_lr_mult=MTP_LR_MULT, mtp_target=MTP_TARGET,
@@ -100,8 +104,9 @@ nb.show(viz.acceptance(result["history"]), name="acceptance", interactive=INTERA
 # %%
 import pandas as pd
 
-cols = ["arm", "seed", "step", "mtp/accept_rate", "mtp/offline_accept_rate", "mtp/accept_length", "train/reward",
-        "train/accuracy", "mtp/loss", "train/rollout_kl", "sync/verified"]
+cols = ["arm", "seed", "step", "mtp/accept_rate", "mtp/loop_accept_rate", "mtp/engine_vs_loop_accept_diff",
+        "mtp/offline_accept_rate", "mtp/accept_length", "train/reward", "train/accuracy", "mtp/loss",
+        "train/rollout_kl", "sync/verified", "mtp/draft_verified"]
 pd.DataFrame(result["history"]).reindex(columns=cols)
 
 # %%

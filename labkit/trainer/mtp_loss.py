@@ -98,13 +98,16 @@ def capture_mtp(model, into: dict):
 
 
 TOPK = 8  # SkyRL's soft CE keeps the target's top-k probabilities, renormalised
+DSPARK = (0.1, 0.9)  # DSpark's weights of cross-entropy and total variation (NeMo-RL #3698 / #3713)
 
 
 def distance(target, q, kind: str):
     """Per-position loss of the draft's log-probs `q` against the main head's `target` ([..., V] each):
     policy  KL(p || q) (labkit's default policy target);
     topk    cross-entropy against p restricted to its TOPK largest entries and renormalised (SkyRL);
-    tv      total variation 0.5 * sum |p - q| (Bebop), the quantity acceptance 1 - TV(p, q) rewards directly."""
+    tv      total variation 0.5 * sum |p - q| (Bebop), the quantity acceptance 1 - TV(p, q) rewards directly;
+    dspark  0.1 * cross-entropy -sum p log q + 0.9 * total variation (DSpark, shipped in NeMo-RL): TV for what
+            acceptance rewards, the cross-entropy for a gradient where TV's vanishes (q far from p)."""
     p = target.exp()
     if kind == "policy":
         return (p * (target - q)).sum(-1)
@@ -113,7 +116,10 @@ def distance(target, q, kind: str):
         return -((top / top.sum(-1, keepdim=True)) * q.gather(-1, idx)).sum(-1)
     if kind == "tv":
         return 0.5 * (p - q.exp()).abs().sum(-1)
-    raise ValueError(f"kind={kind!r} is invalid: expected policy, topk or tv")
+    if kind == "dspark":
+        ce, tv = DSPARK
+        return ce * -(p * q).sum(-1) + tv * 0.5 * (p - q.exp()).abs().sum(-1)
+    raise ValueError(f"kind={kind!r} is invalid: expected policy, topk, tv or dspark")
 
 
 def policy_loss(model, hidden, loss_mask, kind: str = "policy"):

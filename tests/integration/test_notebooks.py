@@ -73,6 +73,8 @@ def test_03_acceptance_under_rl(out_root):
     assert all(0.0 <= m[f"spec/accept_rate_pos_{i}"] <= 1.0 for i in (1, 2))
     assert 0.0 <= m["mtp/final_accept_rate_trained"] <= 1.0 and 1.0 <= m["mtp/final_accept_length_trained"] <= 3.0
     assert 0.0 <= m["mtp/final_reward_trained"] <= 1.0 and m["mtp/offline_vs_measured_rel_err"] >= 0.0
+    # acceptance from SGLang's own counters (SPEC = "engine"), labkit's loop beside it, equal at greedy
+    assert m["mtp/spec"] == "engine" and m["mtp/engine_vs_loop_accept_diff_max"] <= 0.01
     d, nb = _outputs(m, "03_acceptance_rate")
     assert _has_plotly(nb) and (d / "acceptance.html").exists() and (d / "per_position.html").exists()
 

@@ -157,6 +157,9 @@ def test_draft_objectives_are_distances_to_the_policy(seed):
     top, idx = p.exp().topk(TOPK, -1)
     ideal = torch.full_like(p, -30.0).scatter(-1, idx, (top / top.sum(-1, keepdim=True)).log())
     assert (distance(p, ideal, "topk") <= distance(p, q, "topk") + 1e-6).all()
+    ce = -(p.exp() * q).sum(-1)  # DSpark: 0.1 cross-entropy + 0.9 TV, smallest at q = p (where CE is p's entropy)
+    assert torch.allclose(distance(p, q, "dspark"), 0.1 * ce + 0.9 * distance(p, q, "tv"), atol=1e-6)
+    assert (distance(p, p, "dspark") <= distance(p, q, "dspark") + 1e-6).all()
     with pytest.raises(ValueError, match="kind='bogus'"):
         distance(p, q, "bogus")
 
