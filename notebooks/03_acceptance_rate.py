@@ -19,7 +19,8 @@
 #   read back from the engine for the measurement.
 #
 # Options compare what the draft learns (`MTP_TARGET`) and when: every step, every N-th sync (`DRAFT_SYNC_EVERY`),
-# or before RL only (`PRE_RL_STEPS` > 0 with ARMS `frozen`, Bebop). Sweep one over seeds headless:
+# once its acceptance has dropped (`DRAFT_SYNC_MARGIN`, verl-SpeCo), or before RL only (`PRE_RL_STEPS` > 0 with
+# ARMS `frozen`, Bebop). Sweep one over seeds headless:
 # `labkit notebook sweep 03_acceptance_rate --over MTP_TARGET -p MTP_TARGET tokens,policy,topk,tv -p ARMS trained`.
 #
 # Acceptance is measured on the task's held-out problems (never drawn by pretraining or RL). With `SPEC = "engine"`
@@ -47,6 +48,7 @@ GROUP = 4  # samples per prompt (GRPO group)
 MTP_LR_MULT = 5.0  # the draft's learning rate over the policy's
 MTP_TARGET = "tokens"  # the draft's objective: tokens (sampled-token CE), policy (KL), topk (SkyRL), tv (Bebop)
 DRAFT_SYNC_EVERY = 1  # cadence: the draft rides along every N-th sync
+DRAFT_SYNC_MARGIN = 0.0  # cadence: the draft rides along once its acceptance EMA fell this far (0: off)
 PRE_RL_STEPS = 0  # MTP-only steps on the initial policy's rollouts before RL (Bebop); with ARMS "frozen": pre-RL only
 SEED = 0  # the standalone run's sampling seed
 SEEDS = "0,1,2"  # one run of every arm per seed
@@ -63,6 +65,7 @@ nb.check_params(globals(), {
     "TEMPERATURE": nb.Float(0.0, 2.0), "EVAL_PROMPTS": nb.Int(1, 256), "PROMPTS": nb.Int(1, 512),
     "GROUP": nb.Int(2, 64), "MTP_LR_MULT": nb.Float(0.01, 100.0),
     "MTP_TARGET": nb.Choice.of(TrainConfig, "mtp_target"), "DRAFT_SYNC_EVERY": nb.Int(1, 500),
+    "DRAFT_SYNC_MARGIN": nb.Float(0.0, 0.99),
     "PRE_RL_STEPS": nb.Int(0, 500), "SEED": nb.Int(0), "SPEC": nb.Choice.of(ExperimentConfig, "spec"),
     "SEEDS": nb.Ints(), "QUICK": nb.Bool(), "INTERACTIVE": nb.Bool()});
 
@@ -91,7 +94,7 @@ cfg = experiment.with_overrides(base, arms=tuple(a.strip() for a in ARMS.split("
                                     seeds=tuple(int(s) for s in SEEDS.split(",")),
                                     steps=STEPS, eval_prompts=EVAL_PROMPTS, prompts=PROMPTS, group=GROUP,
                                     mtp_lr_mult=MTP_LR_MULT, mtp_target=MTP_TARGET,
-                                    draft_sync_every=DRAFT_SYNC_EVERY)))
+                                    draft_sync_every=DRAFT_SYNC_EVERY, draft_sync_margin=DRAFT_SYNC_MARGIN)))
 cfg
 
 # %%

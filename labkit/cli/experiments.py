@@ -16,7 +16,8 @@ from labkit.mtp.experiment import ExperimentConfig
 from labkit.mtp.rl import RLConfig, rl_train_config
 
 # ExperimentConfig's own fields, RLConfig's (cfg.rl) and TrainConfig's (cfg.rl.train) that are flags.
-EXPERIMENT = ("steps", "k", "spec_temperature", "eval_prompts", "draft_sync_every", "pre_rl_steps", "spec")
+EXPERIMENT = ("steps", "k", "spec_temperature", "eval_prompts", "draft_sync_every", "draft_sync_margin", "pre_rl_steps",
+              "spec")
 RL = ("prompts", "group", "probe")
 TRAIN = ("lr", "mtp_lr_mult", "mtp_target", "mtp_clip")
 FLAGS = {"spec_temperature": "--temperature"}  # the flag where it is not --field-name

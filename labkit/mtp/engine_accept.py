@@ -38,6 +38,11 @@ def engine_draft(engine, named: dict) -> dict:
             for n, t in named.items() if any(x in n for x in DRAFT_LAYERS)}
 
 
+def draft_bytes(named: dict) -> int:
+    """Bytes of the MTP draft layers in an export: what a sync carrying the draft sends for it."""
+    return sum(t.numel() * t.element_size() for n, t in named.items() if any(x in n for x in DRAFT_LAYERS))
+
+
 def engine_acceptance(engine, ids: list[list[int]], k: int, temperature: float, max_new_tokens: int,
                       seed: int) -> dict:
     """The speculative engine's counters over held-out prompts `ids` (`mtp/` keys of labkit.mtp.acceptance), each
@@ -87,7 +92,7 @@ def measure_step(spec_engine, trainer, model_dir: str, named: dict, eval_ids: li
     from labkit.sync import SyncConfig, sync
 
     s = sync(trainer, spec_engine, SyncConfig(progress=False), weight_version=version, exclude=exclude)
-    draft = engine_draft(spec_engine, named) if exclude or cfg.draft_sync_every > 1 else None
+    draft = engine_draft(spec_engine, named) if exclude or cfg.cadence().stale_between else None
     out = engine_acceptance(spec_engine, eval_ids, cfg.k, cfg.spec_temperature, cfg.rl.max_new_tokens, seed)
     loop = measure(model_dir, named, draft, eval_ids, cfg, seed)
     out.update({f"mtp/loop_{k.removeprefix('mtp/')}": v for k, v in loop.items()})

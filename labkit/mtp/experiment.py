@@ -38,8 +38,9 @@ from labkit.engine.config import SpeculativeConfig
 from labkit.engine.startup import place, start_engines
 from labkit.models.hf import read_config_json
 from labkit.models.tiny import default_model_dir
-from labkit.mtp import rl, summary, warmup
-from labkit.mtp.engine_accept import engine_draft, measure
+from labkit.mtp import engine_accept, rl, summary, warmup
+from labkit.mtp.cadence import Cadence
+from labkit.mtp.engine_accept import draft_bytes, engine_draft, measure
 from labkit.mtp.acceptance import expected_accept_length
 from labkit.mtp.rl import RLConfig
 from labkit.mtp.warmup import DRAFT_LAYERS
@@ -69,6 +70,9 @@ class ExperimentConfig:
     draft_sync_every: int = 1
     """Cadence: the trained arms' syncs carry the draft layers every N-th step only (1: every step); with N > 1
     acceptance uses the draft read back from the engine, stale between its syncs."""
+    draft_sync_margin: float = 0.0
+    """Acceptance-driven cadence (labkit.mtp.cadence): > 0 syncs the trained arms' draft only once the EMA of its
+    measured acceptance has fallen this far below its value after the last draft sync (0: off)."""
     pre_rl_steps: int = 0
     """MTP-only steps on the initial policy's own rollouts before RL (labkit.mtp.warmup, Bebop): every arm's draft
     starts there, the trunk stays the checkpoint's. arms=("frozen",) with pre_rl_steps > 0 is the pre-RL-only
@@ -91,13 +95,15 @@ class ExperimentConfig:
         check(isinstance(self.seeds, tuple) and bool(self.seeds) and len(set(self.seeds)) == len(self.seeds)
               and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in self.seeds),
               "seeds", self.seeds, "a non-empty tuple of distinct integers >= 0")
-        check(isinstance(self.draft_sync_every, int) and not isinstance(self.draft_sync_every, bool)
-              and self.draft_sync_every >= 1, "draft_sync_every", self.draft_sync_every, "an integer >= 1")
+        self.cadence()  # draft_sync_every and draft_sync_margin, checked where they are used
         check(isinstance(self.pre_rl_steps, int) and not isinstance(self.pre_rl_steps, bool)
               and self.pre_rl_steps >= 0, "pre_rl_steps", self.pre_rl_steps, "an integer >= 0")
         check(self.pre_rl_steps == 0 or self.rl.train.mtp_loss_scale > 0, "pre_rl_steps", self.pre_rl_steps,
               "0 when mtp_loss_scale is 0 (nothing would train the draft)")
         check(self.spec in get_args(Spec), "spec", self.spec, f"one of {get_args(Spec)}")
+
+    def cadence(self) -> Cadence:
+        return Cadence(every=self.draft_sync_every, margin=self.draft_sync_margin)
 
     @classmethod
     def quick(cls, **kw) -> ExperimentConfig:
@@ -155,24 +161,24 @@ def run_arm(arm: str, engine, placement, model_dir: str, cfg: ExperimentConfig, 
         eval_problems, _ = evaluation_set(task, cfg.eval_prompts)
         held = {p.prompt for p in eval_problems}
         eval_ids = [task.tokenizer.encode(p.prompt) for p in eval_problems]
-        read_back = arm == "unsynced" or cfg.draft_sync_every > 1  # the engine's draft is not the trainer's
+        cadence = cfg.cadence()
+        read_back = arm == "unsynced" or cadence.stale_between  # the engine's draft may not be the trainer's
         bar = tqdm(range(cfg.steps + 1), desc=f"seed {seed} arm {arm}", disable=not progress)
         synced = ()  # what the rollout engine's last sync left out (the initial one: nothing)
         for step in bar:
             t0 = time.perf_counter()
             named = dict(trainer.export())
             draft = engine_draft(engine, named) if read_back else None
-            skip = arm == "unsynced" or (step + 1) % cfg.draft_sync_every != 0
-            exclude = DRAFT_LAYERS if skip else ()
             if spec_engine is None:
                 acc = measure(model_dir, named, draft, eval_ids, cfg, seed=seed * 7919 + step)
             else:
-                from labkit.mtp import engine_accept
-
                 acc = engine_accept.measure_step(spec_engine, trainer, model_dir, named, eval_ids, cfg,
                                                  seed * 7919 + step, synced, f"{arm}-{seed}-{step}")
                 if step == cfg.steps:
                     acc.update(engine_accept.speedup(spec_engine, engine, eval_ids, cfg.rl.max_new_tokens))
+            skip = arm == "unsynced" or not cadence.carries(step, acc["mtp/accept_rate"])
+            exclude = DRAFT_LAYERS if skip else ()
+            acc["mtp/draft_sync_bytes"] = 0 if skip else draft_bytes(named)
             synced = exclude
             problems = task.problems(cfg.rl.prompts, seed=seed * 1_000_003 + 17 * (step + 1))
             m = rl.step(trainer, engine, problems, cfg.rl, step_index=step, eval_problems=eval_problems[:64],
@@ -240,6 +246,7 @@ def run(cfg: ExperimentConfig | None = None, *, quick: bool = False, model_dir: 
     metrics.update({"mtp/k": cfg.k, "mtp/steps": cfg.steps, "mtp/spec_temperature": cfg.spec_temperature,
                     "mtp/spec": cfg.spec,
                     "mtp/target": cfg.rl.train.mtp_target, "mtp/draft_sync_every": cfg.draft_sync_every,
+                    "mtp/draft_sync_margin": cfg.draft_sync_margin,
                     "timing/mtp_experiment/total": round(time.perf_counter() - t0, 1)})
     return {"history": history, "metrics": metrics}
 

@@ -38,6 +38,8 @@ def per_seed(rows: list[dict], arms: Sequence[str], seed: int) -> dict:
         out[f"mtp/final_reward_{a}"] = mine[-1]["train/reward"]
         out[f"mtp/final_accuracy_{a}"] = mine[-1]["train/accuracy"]
         out[f"mtp/tail_accept_rate_{a}"] = _mean([r["mtp/accept_rate"] for r in tail])
+        if all("mtp/draft_sync_bytes" in r for r in mine):  # what the arm's cadence sent of the draft, all steps
+            out[f"mtp/draft_sync_bytes_{a}"] = sum(r["mtp/draft_sync_bytes"] for r in mine)
         for key in (k for k in mine[-1] if k.startswith("mtp/accept_rate_pos_")):  # by draft depth (k > 1)
             out[f"mtp/final_{key.removeprefix('mtp/')}_{a}"] = mine[-1][key]
         for key, name in (("mtp/loop_accept_rate", "mtp/final_loop_accept_rate"),

@@ -195,7 +195,7 @@ def test_draft_schedules_pair_with_the_default_runs_frozen_arm(tmp_path):
     (tmp_path / "mtp_sweep_pre_rl.json").write_text(json.dumps(pre))
     text = report.render("mtp-objectives", tmp_path)
     assert ("| tv | every step | 0.810 [0.700, 0.900] | 0.700 (one seed: no interval) | 0.100 [0.100, 0.100] | "
-            "0.100 [0.100, 0.100] | 0, 1, 2 |") in text
+            "0.100 [0.100, 0.100] | not recorded | 0, 1, 2 |") in text
     assert "| tokens | pre-RL only (20 MTP-only steps) | 0.760 [0.700, 0.900] |" in text
     assert "| tokens | every step, after 20 pre-RL steps |" in text and "0.050 [0.050, 0.050]" in text
     assert "policy" not in text.split("(from")[0] and text.count("\n| ") == 4  # header, rule, three rows

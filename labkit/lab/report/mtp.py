@@ -87,8 +87,10 @@ def cadence(m: dict, arm: str) -> str | None:
         return f"pre-RL only ({pre} MTP-only steps)" if pre else None
     if arm != "trained":
         return None
-    every = m.get("mtp/draft_sync_every", 1)
+    every, margin = m.get("mtp/draft_sync_every", 1), m.get("mtp/draft_sync_margin") or 0
     text = "every step" if every == 1 else f"every {every} steps"
+    if margin:
+        text = f"once its acceptance EMA fell {margin:g}"
     return text + (f", after {pre} pre-RL steps" if pre else "")
 
 
@@ -106,7 +108,7 @@ def draft_rows(runs: list[tuple[str, dict]], baseline: dict) -> list[dict]:
                 per = m["mtp/per_seed"]
                 seeds = [s["mtp/seed"] for s in per]
                 out.append({"file": name, "objective": m.get("mtp/target", "tokens"), "cadence": when,
-                            "arm": arm, "seeds": seeds,
+                            "arm": arm, "seeds": seeds, "draft_bytes": m.get(f"mtp/draft_sync_bytes_{arm}"),
                             "final": (m[f"mtp/final_accept_rate_{arm}_mean"], m[f"mtp/final_accept_rate_{arm}_ci95"]),
                             "tail": (m[f"mtp/tail_accept_rate_{arm}_mean"], m[f"mtp/tail_accept_rate_{arm}_ci95"]),
                             "diff_final": stats.paired([s[f"mtp/final_accept_rate_{arm}"] for s in per],
@@ -119,11 +121,12 @@ def draft_rows(runs: list[tuple[str, dict]], baseline: dict) -> list[dict]:
 def drafts_table(run: dict) -> list[str]:
     """What the draft learns and when, over seeds; each row minus the default run's frozen arm, paired by seed."""
     head = ["objective (`MTP_TARGET`)", "cadence", "final accept rate, mean [95 % CI]", "last quarter",
-            "final − frozen, paired", "last quarter − frozen, paired", "seeds"]
+            "final − frozen, paired", "last quarter − frozen, paired", "draft MB synced per run", "seeds"]
     lines = md_head(head)
     for r in draft_rows(run["runs"], run["baseline"]):
+        sent = "not recorded" if r["draft_bytes"] is None else f"{r['draft_bytes'] / 1e6:.1f}"
         lines.append(md_row([r["objective"], r["cadence"], _ci(*r["final"]), _ci(*r["tail"]), _ci(*r["diff_final"]),
-                             _ci(*r["diff_tail"]), ", ".join(map(str, r["seeds"]))]))
+                             _ci(*r["diff_tail"]), sent, ", ".join(map(str, r["seeds"]))]))
     return lines
 
 
