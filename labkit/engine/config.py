@@ -99,7 +99,7 @@ class EngineConfig:
     call_timeout_s: float = 120.0
     """Every other engine call: nothing waits forever."""
     speculative: SpeculativeConfig | None = None
-    """The MTP draft in SGLang (GPU only)."""
+    """SGLang's speculative decoding with the MTP layer as the draft (on CPU through labkit.compat.spec_cpu)."""
 
     def __post_init__(self):
         check(isinstance(self.model_dir, str) and bool(self.model_dir), "EngineConfig.model_dir", self.model_dir,
@@ -137,6 +137,8 @@ class EngineConfig:
         if self.speculative is not None:
             if device == "cpu":
                 self.speculative.check_cpu()
+                check(self.tp == 1, "EngineConfig.tp", self.tp, "1 with speculative on a CPU engine (labkit.compat."
+                      "spec_cpu has run SGLang's speculative worker at TP 1 only)")
             kw.update(self.speculative.sglang_kwargs(self.model_dir))
         # labkit's engine-side apply of a flat bucket (mapped once, a copy plan): a format SGLang then accepts.
         kw["custom_weight_loader"] = [APPLY_FORMAT]

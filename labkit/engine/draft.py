@@ -16,16 +16,30 @@ from __future__ import annotations
 
 import re
 
+from labkit.engine.shard import RANK_SEP
+
 DRAFT = "draft."  # SGLang's prefix for the draft runner's checksum keys
 _MTP = re.compile(r"^model\.mtp_layers\.(\d+)\.(.+)$")
 _OUTSIDE_BLOCK = ("token_layernorm", "hidden_layernorm", "input_proj", "final_layernorm")
 SHARED = ("model.embed_tokens.weight", "lm_head.weight")  # the target's tensors, which the draft runner shares
 
 
+def _split_rank(name: str) -> tuple[str, str]:
+    """(name, its TP rank suffix `#tp<r>` or "") of a checksum key (labkit.engine.shard.rank_key)."""
+    base, sep, rank = name.partition(RANK_SEP)
+    return base, sep + rank
+
+
 def local_name(name: str) -> str | None:
-    """The draft runner's name for target-layout name `name` (an HF name, or an engine one like `qkv_proj`):
-    MTP layer 0's tensors (`MiMoMTP.map_model_name_to_mtp_param_name`) and the shared vocabulary tables; None for
-    every other tensor (the target's alone). MiMo's draft runs layer 0 only."""
+    """The draft runner's name for target-layout name `name` (an HF name, or an engine one like `qkv_proj`; a rank's
+    checksum key keeps its `#tp<r>`): MTP layer 0's tensors (`MiMoMTP.map_model_name_to_mtp_param_name`) and the
+    shared vocabulary tables; None for every other tensor (the target's alone). MiMo's draft runs layer 0 only."""
+    name, rank = _split_rank(name)
+    local = _local(name)
+    return None if local is None else local + rank
+
+
+def _local(name: str) -> str | None:
     if name in SHARED:
         return name
     m = _MTP.match(name)
@@ -38,6 +52,12 @@ def local_name(name: str) -> str | None:
 def target_name(local: str) -> str | None:
     """The inverse of `local_name`: the target-layout name a draft runner's parameter mirrors, None for one that
     mirrors nothing labkit knows."""
+    local, rank = _split_rank(local)
+    target = _target(local)
+    return None if target is None else target + rank
+
+
+def _target(local: str) -> str | None:
     if local in SHARED:
         return local
     if local.startswith("model.mtp_block."):
@@ -57,6 +77,12 @@ def mirrored(expected: dict[str, str], actual: dict[str, str]) -> dict[str, str]
         if local is not None:
             out[DRAFT + local] = checksum
     return out
+
+
+def own(mirrors: dict[str, str]) -> int:
+    """How many of `mirrors` are the draft runner's own parameters (the MTP layer), not the vocabulary tables it
+    shares with the target: a sync that checked none of those checked nothing of the draft."""
+    return sum(_split_rank(k[len(DRAFT):])[0] not in SHARED for k in mirrors)
 
 
 def unmirrored(actual: dict[str, str]) -> list[str]:

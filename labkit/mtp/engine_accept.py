@@ -97,7 +97,8 @@ def measure_step(spec_engine, trainer, model_dir: str, named: dict, eval_ids: li
     loop = measure(model_dir, named, draft, eval_ids, cfg, seed)
     out.update({f"mtp/loop_{k.removeprefix('mtp/')}": v for k, v in loop.items()})
     out.update(cross_check(spec_engine, model_dir, named, draft, eval_ids, cfg.k, cfg.rl.max_new_tokens))
-    out["mtp/draft_verified"] = bool(s.get("sync/verified")) and s.get("verify/draft_checked", 0) > 0
+    # the draft runner's own parameters checked, where this sync carried them (None: it left the draft out)
+    out["mtp/draft_verified"] = None if exclude else bool(s.get("sync/verified")) and s["verify/draft_checked"] > 0
     out["mtp/draft_runner_is_store"] = draft_runner_is_store(spec_engine)
     return out
 

@@ -178,7 +178,7 @@ def run_arm(arm: str, engine, placement, model_dir: str, cfg: ExperimentConfig, 
                     acc.update(engine_accept.speedup(spec_engine, engine, eval_ids, cfg.rl.max_new_tokens))
             skip = arm == "unsynced" or not cadence.carries(step, acc["mtp/accept_rate"])
             exclude = DRAFT_LAYERS if skip else ()
-            acc["mtp/draft_sync_bytes"] = 0 if skip else draft_bytes(named)
+            acc["mtp/draft_sync_bytes"] = 0 if skip or step == cfg.steps else draft_bytes(named)  # last: no sync
             synced = exclude
             problems = task.problems(cfg.rl.prompts, seed=seed * 1_000_003 + 17 * (step + 1))
             m = rl.step(trainer, engine, problems, cfg.rl, step_index=step, eval_problems=eval_problems[:64],

@@ -51,13 +51,16 @@ def per_seed(rows: list[dict], arms: Sequence[str], seed: int) -> dict:
 
 def engine_checks(history: list[dict]) -> dict:
     """spec="engine": the greedy cross-check's worst step (overall and per depth), and whether every sync into the
-    speculative engine was verified on its draft runner, which held what its store held."""
+    speculative engine that carried the draft was verified on its draft runner (how many did), which held what its
+    store held at every step."""
     rows = [r for r in history if "mtp/engine_vs_loop_accept_diff" in r]
     if not rows:
         return {}
-    out = {f"{k}_max": max(r[k] for r in rows if _num(r.get(k)))
+    out = {f"{k}_max": max((r[k] for r in rows if _num(r.get(k))), default=math.nan)
            for k in sorted({k for r in rows for k in r if k.startswith("mtp/engine_vs_loop_accept_diff")})}
-    out["mtp/draft_verified_every_step"] = all(r["mtp/draft_verified"] for r in rows)
+    carried = [r["mtp/draft_verified"] for r in rows if r["mtp/draft_verified"] is not None]
+    out["mtp/draft_verified_every_step"] = bool(carried) and all(carried)  # every sync that carried the draft
+    out["mtp/draft_syncs_verified"] = len(carried)
     out["mtp/draft_runner_is_store_every_step"] = all(r["mtp/draft_runner_is_store"] for r in rows)
     return out
 

@@ -51,8 +51,9 @@ class Checksums(Hook):
     phase = "verify"
 
     def __init__(self, sizes: dict[str, int] | None = None, ffn_pad: int = 1, algo: str = ck.DEFAULT,
-                 alone: frozenset[str] = NONE, sharding: Sharding = vf.ONE):
+                 alone: frozenset[str] = NONE, sharding: Sharding = vf.ONE, draft_runner: bool = False):
         self.expected = vf.Expected(sizes, ffn_pad, algo, alone, sharding)
+        self.draft_runner = draft_runner  # a speculative engine: its draft runner is checked too
 
     def on_bucket(self, b, tensors, flat) -> None:
         self.expected.add(_engine_dtype(b, tensors))
@@ -61,7 +62,7 @@ class Checksums(Hook):
         actual = engine.checksums()
         # The engine's checksums ride back under a private key: the atomic guard takes them as its "after"
         # instead of hashing the whole model again (~0.3 s of a 0.3 GB model on CPU); `sync()` drops the key.
-        return {**vf.compare(self.expected.finish(), actual), vf.ENGINE_CHECKSUMS: actual}
+        return {**vf.compare(self.expected.finish(), actual, self.draft_runner), vf.ENGINE_CHECKSUMS: actual}
 
 
 class FullCopies(Hook):
@@ -122,7 +123,7 @@ def for_config(cfg: SyncConfig, plan=None, engine_spec: dict | None = None,
         hooks.append(FullCopies())
     elif cfg.verify != "none":
         hooks.append(Checksums(sizes, spec.get("ffn_pad", 1), spec.get("checksum", ck.DEFAULT), alone,
-                               sharding_in(spec)))
+                               sharding_in(spec), bool(spec.get("draft"))))
     if cfg.stage_dir:
         capacity = plan.total_bytes + lastgood.ALIGN * len(plan.tensors) if plan is not None else 0
         hooks.append(Stage(cfg.stage_dir, slots, capacity))

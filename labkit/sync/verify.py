@@ -158,17 +158,22 @@ def with_draft(expected: dict[str, str], actual: dict[str, str]) -> dict[str, st
     return expected | draft.mirrored(expected, actual)
 
 
-def compare(expected: dict[str, str], actual: dict[str, str]) -> dict:
+def compare(expected: dict[str, str], actual: dict[str, str], draft_runner: bool = False) -> dict:
     """Every expected tensor must be present on the engine with the same checksum; on a speculative engine the
-    draft runner's copies too (labkit.engine.draft), and a draft parameter no synced tensor mirrors fails it."""
+    draft runner's copies too (labkit.engine.draft), and a draft parameter no synced tensor mirrors fails it.
+    `draft_runner`: the engine was started with one, so a reply without its `draft.` checksums fails too (a
+    runner whose checker answered nothing would otherwise pass unchecked). `verify/draft_checked` counts the draft
+    runner's own parameters checked (not the vocabulary tables it shares with the target)."""
     mirrors = draft.mirrored(expected, actual)
     unchecked = draft.unmirrored(actual) if mirrors else []
+    if draft_runner and not any(k.startswith(draft.DRAFT) for k in actual):
+        unchecked = [f"{draft.DRAFT}* (the engine reported no draft runner checksums)"]
     expected = expected | mirrors
     missing = sorted(n for n in expected if n not in actual)
     mismatched = sorted(n for n in expected if n in actual and actual[n] != expected[n])
     return {"sync/verified": not missing and not mismatched and not unchecked, "verify/num_checked": len(expected),
             "verify/missing": missing[:20], "verify/mismatched": mismatched[:20],
-            "verify/draft_checked": len(mirrors), "verify/draft_unchecked": unchecked[:20]}
+            "verify/draft_checked": draft.own(mirrors), "verify/draft_unchecked": unchecked[:20]}
 
 
 def compare_full(named: dict[str, torch.Tensor], fetch) -> dict:

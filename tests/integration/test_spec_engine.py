@@ -72,6 +72,19 @@ def test_a_sync_lands_in_the_draft_runner_verified_and_the_engine_drafts_with_it
     assert engine_acceptance(spec_engine, held_out, K, 0.0, 16, seed=0) == before  # restored: counters bitwise
 
 
+def test_a_batch_mixing_greedy_top_k_and_top_p_requests_is_served(spec_engine, held_out):
+    """SGLang runs a greedy request in a sampled batch as top-k 1, and renormalizes the verify step's probabilities
+    by top-k / top-p: FlashInfer's on GPU, labkit's on CPU (SGLang's are None there)."""
+    from labkit.mtp.speculative import Speculator
+
+    prompts = held_out[:3]
+    outs = spec_engine.generate(input_ids=prompts, sampling=[
+        {"temperature": 0.0, "max_new_tokens": 8}, {"temperature": 1.0, "top_k": 5, "max_new_tokens": 8},
+        {"temperature": 0.8, "top_p": 0.9, "max_new_tokens": 8}])
+    greedy = Speculator(default_model_dir(), _weights()).target_generate(prompts[:1], 0.0, 8)["requests"][0]
+    assert outs[0]["tokens"] == greedy["output_ids"] and all(o["tokens"] for o in outs[1:])
+
+
 def test_direct_is_refused_into_an_engine_with_a_draft_runner(spec_engine):
     with pytest.raises(Unsupported, match="draft runner"):
         stream(_weights().items(), spec_engine, SyncConfig(transport="direct", progress=False))

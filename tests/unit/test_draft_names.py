@@ -24,7 +24,7 @@ def test_mimo_names_follow_sglangs_mimomtp():
 
 def test_a_draft_that_kept_old_weights_fails_verification():
     ok = compare(TARGET, TARGET | DRAFT)
-    assert ok["sync/verified"] and ok["verify/draft_checked"] == len(DRAFT)
+    assert ok["sync/verified"] and ok["verify/draft_checked"] == 3  # its own: not the tables it shares
     stale = compare(TARGET, TARGET | DRAFT | {"draft.model.input_proj.weight": "old"})
     assert not stale["sync/verified"] and stale["verify/mismatched"] == ["draft.model.input_proj.weight"]
 
@@ -36,3 +36,12 @@ def test_a_draft_parameter_nothing_mirrors_fails_and_an_engine_without_a_draft_i
     assert compare(left_out, TARGET | DRAFT)["sync/verified"]
     plain = compare(TARGET, TARGET)
     assert plain["sync/verified"] and plain["verify/draft_checked"] == 0
+
+
+def test_a_speculative_engine_that_reports_no_draft_runner_fails_and_ranks_keep_their_suffix():
+    assert not compare(TARGET, TARGET, draft_runner=True)["sync/verified"]
+    ranked = {f"{k}#tp{r}": v for k, v in TARGET.items() for r in (0, 1)}
+    ranked_draft = {f"{k}#tp{r}": v for k, v in DRAFT.items() for r in (0, 1)}
+    m = compare(ranked, ranked | ranked_draft, draft_runner=True)
+    assert m["sync/verified"] and m["verify/draft_checked"] == 6 and not m["verify/draft_unchecked"]
+    assert draft.local_name("model.mtp_layers.0.input_proj.weight#tp1") == "model.input_proj.weight#tp1"

@@ -12,7 +12,7 @@ import torch
 from scipy.stats import chisquare
 
 from labkit.compat.spec_cpu import kernels as K
-from labkit.compat.spec_cpu.sampling import tree_speculative_sampling_target_only
+from labkit.compat.spec_cpu.sampling import top_k_renorm_prob, top_p_renorm_prob, tree_speculative_sampling_target_only
 
 HERE = Path(__file__).resolve().parent
 
@@ -84,3 +84,14 @@ def test_acceptance_rate_is_the_target_probability_of_the_draft():
     assert abs(float(num.float().mean()) - 0.3) < 0.015
     _, _, num = _verify("target_only", probs, [3], 2000, seed=1)  # no target mass: never accepted
     assert int(num.sum()) == 0
+
+
+def test_top_k_and_top_p_renormalize_as_sglangs_torch_sampler():
+    """The verify step's renormalization (FlashInfer's on GPU, None on CPU): a greedy request in a sampled batch
+    runs as top-k 1."""
+    p = torch.tensor([[0.1, 0.4, 0.2, 0.3], [0.25, 0.25, 0.25, 0.25]])
+    k = top_k_renorm_prob(p, torch.tensor([1, 2]))
+    assert torch.equal(k[0], torch.tensor([0.0, 1.0, 0.0, 0.0])) and k[1].sum() == 1 and (k[1] > 0).sum() >= 2
+    assert torch.allclose(top_k_renorm_prob(p, torch.tensor([9, 4])), p)
+    tp = top_p_renorm_prob(p, torch.tensor([0.5, 1.0]))  # 0.4 + 0.3 reach 0.5: those two, renormalized
+    assert torch.allclose(tp[0], torch.tensor([0.0, 4 / 7, 0.0, 3 / 7])) and torch.allclose(tp[1], p[1])

@@ -9,7 +9,10 @@ run's). Here the target-only rule runs in torch, a line-for-line port of SGLang'
 is accepted with probability p(x) (the target's, after temperature/top-k/top-p), and at the first rejection the
 token is drawn from p with the rejected drafts removed, so every emitted token is distributed as the target's.
 SGLang's other rule (`speculative_use_rejection_sampling`, min(1, p/q) with the draft's q) runs through Triton
-kernels with no CPU version; `labkit.engine.config.SpeculativeConfig` refuses it on CPU.
+kernels with no CPU version; a CPU engine started with it refuses its first sampled verify (`NotImplementedError`
+naming the setting). The verify step renormalizes the target's probabilities by each request's top-k and top-p
+with FlashInfer's kernels, None on CPU: a mixed greedy and sampled batch needs them too (SGLang runs a greedy
+request as top-k 1), so torch versions stand in (`top_k_renorm_prob`, `top_p_renorm_prob`).
 """
 
 from __future__ import annotations
@@ -69,6 +72,24 @@ def tree_speculative_sampling_target_only(predicts, accept_index, accept_token_n
         predicts[last] = _draw(relu, final[b])
 
 
+def top_k_renorm_prob(probs: torch.Tensor, top_ks: torch.Tensor) -> torch.Tensor:
+    """Each row kept to its top_ks[i] largest probabilities (ties at the k-th kept), renormalized."""
+    k = top_ks.view(-1, 1).long().clamp(1, probs.shape[-1])
+    kth = probs.sort(-1, descending=True).values.gather(-1, k - 1)
+    kept = torch.where(probs >= kth, probs, torch.zeros_like(probs))
+    return kept / kept.sum(-1, keepdim=True)
+
+
+def top_p_renorm_prob(probs: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
+    """Each row kept to the smallest set of its largest probabilities whose mass reaches top_ps[i] (SGLang's torch
+    sampler's rule: a token stays while the mass before it is below top_p), renormalized."""
+    ordered, idx = probs.sort(-1, descending=True)
+    keep = (ordered.cumsum(-1) - ordered) < top_ps.view(-1, 1).to(probs.dtype)
+    mask = torch.zeros_like(keep).scatter(-1, idx, keep)
+    kept = torch.where(mask, probs, torch.zeros_like(probs))
+    return kept / kept.sum(-1, keepdim=True)
+
+
 def _sampling_verify_on_cpu(plain):
     def verify_uses_greedy(*, is_all_greedy, is_cpu, is_hip, is_xpu, use_rejection_sampling):
         if is_cpu and use_rejection_sampling and not is_all_greedy:
@@ -88,3 +109,7 @@ def patch_verify_sampling() -> None:
         return
     eagle_utils._verify_uses_greedy = _sampling_verify_on_cpu(eagle_utils._verify_uses_greedy)
     eagle_utils.tree_speculative_sampling_target_only = tree_speculative_sampling_target_only
+    if eagle_utils.top_k_renorm_prob is None:
+        eagle_utils.top_k_renorm_prob = top_k_renorm_prob
+    if eagle_utils.top_p_renorm_prob is None:
+        eagle_utils.top_p_renorm_prob = top_p_renorm_prob

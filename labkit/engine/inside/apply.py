@@ -112,8 +112,7 @@ def load_flat(model, named_tensors) -> None:
         while _placeholders:
             _release(_placeholders.pop())
         _placeholders.append(named_tensors[0][1])
-        runners.serve_ring(named_tensors[0][0], model,
-                           lambda m, data: load_flat(m, MultiprocessingSerializer.deserialize(data)))
+        runners.serve_ring(named_tensors[0][0], model, MultiprocessingSerializer.deserialize, load_flat)
         return  # the whole sync, in this one call
     for key, flat in named_tensors:
         if isinstance(key, str) and key.startswith(direct.DONE_PREFIX):  # the trainer wrote the parameters itself

@@ -136,7 +136,7 @@ def decode_into(payload: torch.Tensor, word: int, n_words: int, spans: list[tupl
     if payload.is_cuda if flat is None else flat:
         _decode_flat(where, vals, word, spans, dsts, n_words)
         return where.numel()
-    bounds = torch.tensor([[a // word, b // word] for a, b in spans], device=where.device).view(-1)
+    bounds = torch.tensor([[a // word, b // word] for a, b in spans], dtype=torch.long, device=where.device).view(-1)
     cuts = torch.searchsorted(where, bounds).tolist()
     for i, ((a, _), dst) in enumerate(zip(spans, dsts)):
         c0, c1 = cuts[2 * i], cuts[2 * i + 1]

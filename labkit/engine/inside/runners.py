@@ -28,13 +28,21 @@ def applying(model) -> list:
     return [model] if model in _drafts else [model, *_drafts]
 
 
-def serve_ring(key: str, model, apply) -> None:
-    """Serve ring sync `key` (labkit.engine.inside.ring) from `model`'s call: `apply(m, payload bytes)` for every
-    model in `applying(model)`, bucket by bucket; then the drafts' own calls of it return (`served`)."""
+def serve_ring(key: str, model, decode, apply) -> None:
+    """Serve ring sync `key` (labkit.engine.inside.ring) from `model`'s call: each bucket's payload decoded once
+    (`decode(bytes)`), then `apply(m, payload)` for every model in `applying(model)`; then the drafts' own calls
+    of it return (`served`). The ring applies to the drafts whatever the update's runner selector: labkit's syncs
+    update every runner (selector "all")."""
     from labkit.engine.inside import ring
 
     models = applying(model)
-    ring.serve(key, lambda data: [apply(m, data) for m in models])
+
+    def each(data: bytes) -> None:
+        payload = decode(data)
+        for m in models:
+            apply(m, payload)
+
+    ring.serve(key, each)
     _served.append(key)
 
 

@@ -164,9 +164,10 @@ def engine_table(run: dict) -> list[str]:
                        if k.startswith("mtp/engine_vs_loop_accept_diff_pos_") and k.endswith("_max"))
     lines.append(f"- greedy cross-check, engine counters vs labkit's loop on SGLang's draft inputs, worst step "
                  f"(`mtp/engine_vs_loop_accept_diff`): {m['mtp/engine_vs_loop_accept_diff_max']:.4f} ({depths})")
-    lines.append(f"- every sync into the speculative engine verified on its draft runner too: "
-                 f"{m['mtp/draft_verified_every_step']}; the draft runner held what the draft store held at every "
-                 f"step: {m['mtp/draft_runner_is_store_every_step']}")
+    lines.append(f"- every sync into the speculative engine that carried the draft verified on the draft runner's own "
+                 f"parameters: {m['mtp/draft_verified_every_step']} ({m['mtp/draft_syncs_verified']} syncs); the "
+                 f"draft runner held what the draft store held at every step: "
+                 f"{m['mtp/draft_runner_is_store_every_step']}")
     if "mtp/diff_trained_frozen_mean" in m:
         lines.append(f"- trained − frozen by the engine's counters, paired by seed (final): "
                      f"{_ci(m['mtp/diff_trained_frozen_mean'], m['mtp/diff_trained_frozen_ci95'])}")
