@@ -164,9 +164,11 @@ def engine_table(run: dict) -> list[str]:
                        if k.startswith("mtp/engine_vs_loop_accept_diff_pos_") and k.endswith("_max"))
     lines.append(f"- greedy cross-check, engine counters vs labkit's loop on SGLang's draft inputs, worst step "
                  f"(`mtp/engine_vs_loop_accept_diff`): {m['mtp/engine_vs_loop_accept_diff_max']:.4f} ({depths})")
-    lines.append(f"- every sync into the speculative engine that carried the draft verified on the draft runner's own "
-                 f"parameters: {m['mtp/draft_verified_every_step']} ({m['mtp/draft_syncs_verified']} syncs); the "
-                 f"draft runner held what the draft store held at every step: "
+    carried = m.get("mtp/draft_syncs_verified")  # counted from a3adf59 on; earlier runs record the flag alone
+    lines.append(f"- every sync into the speculative engine verified, the draft runner's copies included: "
+                 f"{m['mtp/draft_verified_every_step']}"
+                 + (f" ({carried} syncs carried the draft)" if carried is not None else "")
+                 + f"; the draft runner held what the draft store held at every step: "
                  f"{m['mtp/draft_runner_is_store_every_step']}")
     if "mtp/diff_trained_frozen_mean" in m:
         lines.append(f"- trained − frozen by the engine's counters, paired by seed (final): "
