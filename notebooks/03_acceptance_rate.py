@@ -66,8 +66,8 @@ nb.check_params(globals(), {
     "GROUP": nb.Int(2, 64), "MTP_LR_MULT": nb.Float(0.01, 100.0),
     "MTP_TARGET": nb.Choice.of(TrainConfig, "mtp_target"), "DRAFT_SYNC_EVERY": nb.Int(1, 500),
     "DRAFT_SYNC_MARGIN": nb.Float(0.0, 0.99),
-    "PRE_RL_STEPS": nb.Int(0, 500), "SEED": nb.Int(0), "SPEC": nb.Choice.of(ExperimentConfig, "spec"),
-    "SEEDS": nb.Ints(), "QUICK": nb.Bool(), "INTERACTIVE": nb.Bool()});
+    "PRE_RL_STEPS": nb.Int(0, 500), "SEED": nb.Int(0), "SEEDS": nb.Ints(),
+    "SPEC": nb.Choice.of(ExperimentConfig, "spec"), "QUICK": nb.Bool(), "INTERACTIVE": nb.Bool()});
 
 # %% [markdown]
 # First, speculative decoding with the shipped checkpoint's own MTP draft (no RL): `SPEC_K` chained drafts per

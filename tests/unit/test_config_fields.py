@@ -27,7 +27,7 @@ def test_allowed_values_come_from_the_literal():
     assert choices(SyncConfig, "transport") == ("per-tensor", "colocated", "distributed", "direct")
     assert choices(SyncConfig, "verify") == ("checksum", "full", "none")
     assert choices(EngineConfig, "dtype") == ("auto", "float32", "bfloat16")
-    assert choices(TrainConfig, "mtp_target") == ("tokens", "policy", "topk", "tv")
+    assert choices(TrainConfig, "mtp_target") == ("tokens", "policy", "topk", "tv", "dspark")
     assert choices(ExperimentConfig, "arms") == ("frozen", "trained", "unsynced")  # tuple[Literal, ...]
     assert choices(SyncConfig, "bucket_mb") == ()
     with pytest.raises(ValueError, match=r"^transport='pigeon' is invalid: expected one of per-tensor, colocated"):
