@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 QUICK = {
     "01_weight_update": {"STEPS": 1, "BUCKET_MB": 0.25},
     "02_rollout": {"N_PROMPTS": 8, "STEPS": 2},
-    "03_acceptance_rate": {"QUICK": True, "ARMS": "trained"},
+    "03_acceptance_rate": {"QUICK": True, "ARMS": "trained", "SPEC": "loop"},  # engine mode: test_mtp_experiment
     "04_bucket_tuning": {"MODEL": "tiny", "MIN_MB": 0.0625, "MAX_MB": 0.5, "MEMORY_BUDGET_MB": 1.0, "REPEATS": 1,
                          "MAX_TRIALS": 2, "STEPS": 0},
     "05_sync_roofline": {"MODEL": "moonlight-16b-a3b", "HARDWARE": "H20"},
@@ -73,8 +73,7 @@ def test_03_acceptance_under_rl(out_root):
     assert all(0.0 <= m[f"spec/accept_rate_pos_{i}"] <= 1.0 for i in (1, 2))
     assert 0.0 <= m["mtp/final_accept_rate_trained"] <= 1.0 and 1.0 <= m["mtp/final_accept_length_trained"] <= 3.0
     assert 0.0 <= m["mtp/final_reward_trained"] <= 1.0 and m["mtp/offline_vs_measured_rel_err"] >= 0.0
-    # acceptance from SGLang's own counters (SPEC = "engine"), labkit's loop beside it, equal at greedy
-    assert m["mtp/spec"] == "engine" and m["mtp/engine_vs_loop_accept_diff_max"] <= 0.01
+    assert m["mtp/spec"] == "loop"  # the notebook's SPEC reaches the experiment (the engine mode's own test is longer)
     d, nb = _outputs(m, "03_acceptance_rate")
     assert _has_plotly(nb) and (d / "acceptance.html").exists() and (d / "per_position.html").exists()
 
