@@ -112,24 +112,30 @@ class ReportConfig:
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class PretrainConfig:
-    """`labkit pretrain`: rebuild the shipped tiny MiMo checkpoint (labkit.lab.pretrain.pretrain)."""
+    """`labkit pretrain`: rebuild a shipped tiny MiMo checkpoint (labkit.lab.pretrain.pretrain)."""
 
+    task: Literal["arith", "chain"] = "arith"
+    """The task whose checkpoint to build: arith (data/tiny-mimo) or chain, the long-answer task
+    (data/tiny-mimo-chain); its recipe (labkit.lab.pretrain.RECIPES) fills the flags left out."""
     out: str | None = None
-    """Checkpoint directory to write; None: data/tiny-mimo."""
-    steps: int = 2400
-    """Steps of the first stage: trunk and MTP head together."""
-    noise: float = 0.25
-    """Probability an answer digit in the corpus is wrong."""
-    post_steps: int = 600
-    """Trunk-only post-training steps (the draft goes stale)."""
+    """Checkpoint directory to write; None: the task's shipped directory."""
+    steps: int | None = None
+    """Steps of the first stage: trunk and MTP head together; None: the task's recipe."""
+    noise: float | None = None
+    """Probability an answer digit (chain: a term) in the corpus is wrong; None: the task's recipe."""
+    post_steps: int | None = None
+    """Trunk-only post-training steps (the draft goes stale); None: the task's recipe."""
 
     def __post_init__(self) -> None:
+        check(self.task in ("arith", "chain"), "task", self.task, "arith or chain")
         check(self.out is None or (isinstance(self.out, str) and self.out.strip() != ""), "out", self.out,
               "None or a non-empty path")
-        _count(self, "steps", 1)
-        _count(self, "post_steps", 0)
-        check(isinstance(self.noise, (int, float)) and not isinstance(self.noise, bool) and 0 <= self.noise <= 1,
-              "noise", self.noise, "a probability in [0, 1]")
+        if self.steps is not None:
+            _count(self, "steps", 1)
+        if self.post_steps is not None:
+            _count(self, "post_steps", 0)
+        check(self.noise is None or (isinstance(self.noise, (int, float)) and not isinstance(self.noise, bool)
+                                     and 0 <= self.noise < 1), "noise", self.noise, "None or a probability in [0, 1)")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -246,9 +252,8 @@ def cmd_report(args) -> int:
 
 def cmd_pretrain(args) -> int:
     from labkit.lab.pretrain import pretrain
-    from labkit.models.tiny import DEFAULT_DIR
 
-    emit(pretrain(args.out or DEFAULT_DIR, steps=args.steps, noise=args.noise, post_steps=args.post_steps,
+    emit(pretrain(args.out, task=args.task, steps=args.steps, noise=args.noise, post_steps=args.post_steps,
                   progress=not args.json), args.json)
     return 0
 
@@ -280,8 +285,8 @@ def add_commands(sub) -> None:
     add_arguments(d, ReportConfig, ("check",))
     d.set_defaults(fn=cmd_report)
 
-    d = sub.add_parser("pretrain", help="rebuild the shipped tiny MiMo checkpoint (data/tiny-mimo)")
-    add_arguments(d, PretrainConfig, ("out", "steps", "noise", "post_steps"))
+    d = sub.add_parser("pretrain", help="rebuild a shipped tiny MiMo checkpoint (data/tiny-mimo, data/tiny-mimo-chain)")
+    add_arguments(d, PretrainConfig, ("task", "out", "steps", "noise", "post_steps"))
     add_arguments(d, Output, ("json",))
     d.set_defaults(fn=cmd_pretrain)
 

@@ -139,8 +139,14 @@ class ArithTask:
     def evaluation_digest(self) -> str:
         return held_out_digest(self.max_operand, self.held_out)
 
+    def evaluation_size(self) -> int:
+        return len(held_out_pairs(self.max_operand, self.held_out))
+
     def reward(self, problem: Problem, completion: str) -> float:
         return reward(problem, completion)
+
+    def corrupt(self, items: list[Problem], rate: float, seed: int = 0) -> list[Problem]:
+        return corrupt(items, rate, seed)
 
     def batch(self, items: list[Problem]):
         return batch(items, self.tokenizer)

@@ -159,8 +159,8 @@ def test_every_flag_is_a_config_field_with_its_docstring():
 
 @pytest.mark.parametrize("cmd, flag, default, shown", [
     ("tune", "--lo-mb", 0.5, None), ("tune", "--memory-budget-mb", 512.0, None), ("tune", "--max-trials", 6, None),
-    ("faults", "--trials", None, "(default: 33)"), ("faults", "--seed", 0, None), ("pretrain", "--steps", 2400, None),
-    ("pretrain", "--noise", 0.25, None), ("pretrain", "--post-steps", 600, None), ("bench", "--deadline", 330.0, None),
+    ("faults", "--trials", None, "(default: 33)"), ("faults", "--seed", 0, None), ("pretrain", "--steps", None, None),
+    ("pretrain", "--noise", None, None), ("pretrain", "--post-steps", None, None), ("bench", "--deadline", 330.0, None),
     ("bench", "--warm", 5, None), ("bench", "--reps", 3, None), ("bench", "--device", "auto", None),
     ("mtp-experiment", "--steps", None, "(--quick: 2) (default: 60)"), ("mtp-experiment", "--temperature", None,
                                                                         "(default: 1.0)"),
@@ -179,7 +179,7 @@ def test_defaults_are_kept(cmd, flag, default, shown):
     (["bench", "device", "--size", "huge"], "size='huge' is invalid: expected one of auto, small, full"),
     (["bench", "serve-sync", "--modes", "abort,nap"], "modes='abort,nap' is invalid: expected comma-separated pause"),
     (["faults", "--trials", "0"], "trials='0' is invalid: expected an integer >= 1"),
-    (["pretrain", "--noise", "2"], "noise='2' is invalid: expected a probability in [0, 1]"),
+    (["pretrain", "--noise", "2"], "noise='2' is invalid: expected None or a probability in [0, 1)"),
     (["mtp-experiment", "--arms", "trained,pigeon"], "arms='trained,pigeon' is invalid: expected a non-empty subset"),
     (["mtp-experiment", "--seeds", "0,a"], "seeds='0,a' is invalid: expected comma-separated integers"),
     (["mtp-experiment", "--seeds", "1,1"], "seeds='1,1' is invalid: expected a non-empty tuple of distinct"),
