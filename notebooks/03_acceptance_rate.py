@@ -23,6 +23,9 @@
 # ARMS `frozen`, Bebop). Sweep one over seeds headless:
 # `labkit notebook sweep 03_acceptance_rate --over MTP_TARGET -p MTP_TARGET tokens,policy,topk,tv -p ARMS trained`.
 #
+# `TASK = "chain"` runs the long-answer task (128-character Fibonacci chains, its own checkpoint
+# data/tiny-mimo-chain): acceptance by position within the generation, in bins of 32 tokens, is drawn per arm.
+#
 # Acceptance is measured on the task's held-out problems (never drawn by pretraining or RL). With `SPEC = "engine"`
 # (the default) it comes from SGLang's own speculative decoding: a second engine, started with the MTP layer as its
 # draft and synced like the rollout engine, reports its counters per weight version (on CPU through
@@ -53,6 +56,7 @@ PRE_RL_STEPS = 0  # MTP-only steps on the initial policy's rollouts before RL (B
 SEED = 0  # the standalone run's sampling seed
 SEEDS = "0,1,2"  # one run of every arm per seed
 SPEC = "engine"  # where acceptance is measured: engine (SGLang's counters, labkit's loop beside) or loop
+TASK = "arith"  # arith (3-token sums) or chain (128-character answers: acceptance by position)
 QUICK = False  # a few seconds per step, one seed: the numbers mean little
 INTERACTIVE = False
 
@@ -67,7 +71,8 @@ nb.check_params(globals(), {
     "MTP_TARGET": nb.Choice.of(TrainConfig, "mtp_target"), "DRAFT_SYNC_EVERY": nb.Int(1, 500),
     "DRAFT_SYNC_MARGIN": nb.Float(0.0, 0.99),
     "PRE_RL_STEPS": nb.Int(0, 500), "SEED": nb.Int(0), "SEEDS": nb.Ints(),
-    "SPEC": nb.Choice.of(ExperimentConfig, "spec"), "QUICK": nb.Bool(), "INTERACTIVE": nb.Bool()});
+    "SPEC": nb.Choice.of(ExperimentConfig, "spec"), "TASK": nb.Choice.of(ExperimentConfig, "task"),
+    "QUICK": nb.Bool(), "INTERACTIVE": nb.Bool()});
 
 # %% [markdown]
 # First, speculative decoding with the shipped checkpoint's own MTP draft (no RL): `SPEC_K` chained drafts per
@@ -77,7 +82,8 @@ nb.check_params(globals(), {
 from labkit.workbench import viz
 from labkit.mtp import experiment
 
-spec = experiment.speculate(k=SPEC_K, temperature=TEMPERATURE, prompts=16 if QUICK else EVAL_PROMPTS, seed=SEED)
+spec = experiment.speculate(k=SPEC_K, temperature=TEMPERATURE, prompts=16 if QUICK else EVAL_PROMPTS, seed=SEED,
+                            task=TASK)
 nb.record({f"spec/{k.split('/', 1)[1]}": v for k, v in spec["metrics"].items()})
 
 # %%
@@ -89,7 +95,7 @@ nb.show(viz.per_position(spec["metrics"]), name="per_position", interactive=INTE
 # %%
 base = experiment.ExperimentConfig.quick() if QUICK else experiment.ExperimentConfig()
 cfg = experiment.with_overrides(base, arms=tuple(a.strip() for a in ARMS.split(",")), k=K,
-                                spec_temperature=TEMPERATURE, pre_rl_steps=PRE_RL_STEPS, spec=SPEC,
+                                spec_temperature=TEMPERATURE, pre_rl_steps=PRE_RL_STEPS, spec=SPEC, task=TASK,
                                 **({} if QUICK else dict(
                                     seeds=tuple(int(s) for s in SEEDS.split(",")),
                                     steps=STEPS, eval_prompts=EVAL_PROMPTS, prompts=PROMPTS, group=GROUP,
@@ -103,6 +109,11 @@ nb.record({k: v for k, v in result["metrics"].items() if k != "mtp/arms"})
 
 # %%
 nb.show(viz.acceptance(result["history"]), name="acceptance", interactive=INTERACTIVE)
+
+# %%
+from labkit.workbench import viz_positions
+
+nb.show(viz_positions.by_position(result["metrics"]), name="by_position", interactive=INTERACTIVE)
 
 # %%
 import pandas as pd

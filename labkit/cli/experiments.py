@@ -17,8 +17,8 @@ from labkit.mtp.rl import RLConfig, rl_train_config
 
 # ExperimentConfig's own fields, RLConfig's (cfg.rl) and TrainConfig's (cfg.rl.train) that are flags.
 EXPERIMENT = ("steps", "k", "spec_temperature", "eval_prompts", "draft_sync_every", "draft_sync_margin", "pre_rl_steps",
-              "spec")
-RL = ("prompts", "group", "probe")
+              "spec", "task")
+RL = ("prompts", "group", "max_new_tokens", "probe")
 TRAIN = ("lr", "mtp_lr_mult", "mtp_target", "mtp_clip")
 FLAGS = {"spec_temperature": "--temperature"}  # the flag where it is not --field-name
 
@@ -48,7 +48,7 @@ class ExperimentFlags:
     """Comma-separated seeds, one run of every arm each (None: 0,1,2; --quick: 0); the JSON gives means and 95%
     intervals over them."""
     model: str | None = None
-    """HF model directory; None: the shipped tiny MiMo (data/tiny-mimo)."""
+    """HF model directory; None: the task's shipped tiny MiMo (data/tiny-mimo, data/tiny-mimo-chain)."""
     quick: bool = False
     """A few seconds per step (tests): ExperimentConfig.quick()'s sizes where a flag does not set them."""
     history: bool = False

@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 
 from labkit.config import ModelSpec, ParallelSpec, TrainConfig, check
-from labkit.models.tiny import DEFAULT_DIR, make_tiny_mimo, save_weights_as
+from labkit.models.tiny import DEFAULT_DIR, default_model_dir, make_tiny_mimo, save_weights_as
 from labkit.tasks import TASKS, ArithTask
 from labkit.trainer.group import Trainer
 
-CHAIN_DIR = DEFAULT_DIR.parent / "tiny-mimo-chain"
+CHAIN_DIR = Path(default_model_dir("chain"))
 RECIPES = {
     "arith": {"out": DEFAULT_DIR, "steps": 2400, "batch_size": 64, "lr": 2e-3, "noise": 0.25, "post_steps": 600,
               "post_lr": 5e-4, "post_noise": 0.15},

@@ -10,7 +10,7 @@ import json
 import shutil
 from pathlib import Path
 
-from labkit.config import ModelSpec
+from labkit.config import ModelSpec, check
 from labkit.models.naming import hf_tensors
 from labkit.models.tokenizer import BOS, EOS, PAD, save_char_tokenizer
 
@@ -24,9 +24,11 @@ BENCH_SPEC = ModelSpec(hidden=512, layers=24, heads=8, kv_heads=4, ffn=1536, mtp
 SIZES: dict[str, ModelSpec | None] = {"tiny": None, "quick": QUICK_SPEC, "bench": BENCH_SPEC}
 
 
-def default_model_dir() -> str:
-    """The pretrained tiny MiMo every default run uses (`labkit pretrain` writes it; it ships in data/)."""
-    return str(DEFAULT_DIR)
+def default_model_dir(task: str = "arith") -> str:
+    """The pretrained tiny MiMo every default run uses (`labkit pretrain` writes it; it ships in data/); for the
+    long-answer task (`task="chain"`), data/tiny-mimo-chain (`labkit pretrain --task chain`)."""
+    check(task in ("arith", "chain"), "task", task, "arith or chain")
+    return str(DEFAULT_DIR if task == "arith" else DEFAULT_DIR.parent / "tiny-mimo-chain")
 
 
 # Shipped beside config.json so transformers/SGLang resolve `model_type: mimo` (as MiMo's own repo does).

@@ -45,7 +45,7 @@ from labkit.mtp.acceptance import expected_accept_length
 from labkit.mtp.rl import RLConfig
 from labkit.mtp.warmup import DRAFT_LAYERS
 from labkit.sync import SyncConfig, sync
-from labkit.tasks import ArithTask
+from labkit.tasks import TASKS, ArithTask
 
 Arm = Literal["frozen", "trained", "unsynced"]
 ARMS = get_args(Arm)
@@ -77,6 +77,11 @@ class ExperimentConfig:
     """MTP-only steps on the initial policy's own rollouts before RL (labkit.mtp.warmup, Bebop): every arm's draft
     starts there, the trunk stays the checkpoint's. arms=("frozen",) with pre_rl_steps > 0 is the pre-RL-only
     cadence."""
+    task: Literal["arith", "chain"] = "arith"
+    """The task (labkit.tasks.TASKS): "arith", 3-token sums; "chain", 128-character Fibonacci chains, the long
+    answers whose acceptance by position (`mtp/accept_rate_at_{lo}_{hi}`, bins of 32 tokens) means something. Its
+    checkpoint is the default model (data/tiny-mimo, data/tiny-mimo-chain) and rl.max_new_tokens must cover its
+    answers (`with_overrides` sets it)."""
     spec: Spec = "loop"
     """Where acceptance is measured: "loop", labkit's speculative loop over the exported weights
     (labkit.mtp.speculative); "engine", SGLang's own speculative decoding in a second engine synced like the rollout
@@ -101,6 +106,10 @@ class ExperimentConfig:
         check(self.pre_rl_steps == 0 or self.rl.train.mtp_loss_scale > 0, "pre_rl_steps", self.pre_rl_steps,
               "0 when mtp_loss_scale is 0 (nothing would train the draft)")
         check(self.spec in get_args(Spec), "spec", self.spec, f"one of {get_args(Spec)}")
+        check(self.task in TASKS, "task", self.task, f"one of {', '.join(TASKS)}")
+        budget = TASKS[self.task]().max_new_tokens
+        check(self.rl.max_new_tokens >= budget, "max_new_tokens", self.rl.max_new_tokens,
+              f">= {budget}, the {self.task} task's answer budget (with_overrides(task=...) sets it)")
 
     def cadence(self) -> Cadence:
         return Cadence(every=self.draft_sync_every, margin=self.draft_sync_margin)
@@ -112,15 +121,17 @@ class ExperimentConfig:
 
 
 def speculate(model_dir: str | None = None, *, k: int = 2, temperature: float = 1.0, prompts: int = 256,
-              seed: int = 0, task=None) -> dict:
+              seed: int = 0, task: str = "arith") -> dict:
     """Speculative decoding with a checkpoint's own MTP draft on held-out prompts, no RL: SGLang-named counters
-    (accept length, per-position rates) and the accept length theory predicts from the depth-1 rate."""
+    (accept length, per-position rates) and the accept length theory predicts from the depth-1 rate. `task`: a
+    name in labkit.tasks.TASKS (its checkpoint is the default model, its answer budget the token budget)."""
     from labkit.mtp.speculative import Speculator  # torch; the CLI imports this module for its config
 
-    model_dir = model_dir or default_model_dir()
-    task = task or ArithTask()
-    ids = [task.tokenizer.encode(p.prompt) for p in evaluation_set(task, prompts)[0]]
-    out = Speculator(model_dir).generate(ids, k=k, temperature=temperature, max_new_tokens=RLConfig().max_new_tokens,
+    check(task in TASKS, "task", task, f"one of {', '.join(TASKS)}")
+    model_dir, task_obj = model_dir or default_model_dir(task), TASKS[task]()
+    problems = evaluation_set(task_obj, min(prompts, task_obj.evaluation_size()))[0]
+    ids = [task_obj.tokenizer.encode(p.prompt) for p in problems]
+    out = Speculator(model_dir).generate(ids, k=k, temperature=temperature, max_new_tokens=task_obj.max_new_tokens,
                                          seed=seed)
     m = dict(out["metrics"])
     m["mtp/theory_accept_length"] = expected_accept_length(m["mtp/accept_rate_pos_1"], k)
@@ -215,8 +226,8 @@ def run(cfg: ExperimentConfig | None = None, *, quick: bool = False, model_dir: 
     """Every seed x arm on one engine (`task`: a labkit.tasks.Task, default arithmetic); returns {"history":
     per-step rows, "metrics": summary.summarize(...)}."""
     cfg = cfg or (ExperimentConfig.quick() if quick else ExperimentConfig())
-    model_dir = model_dir or default_model_dir()
-    task = task or ArithTask()
+    model_dir = model_dir or default_model_dir(cfg.task)
+    task = task or TASKS[cfg.task]()
     n_mtp = int(read_config_json(model_dir).get("num_nextn_predict_layers", 0))  # fail before anything starts
     check(n_mtp >= 1, "model_dir", model_dir, "a model with an MTP layer (num_nextn_predict_layers >= 1) to draft with")
     _, held_out = evaluation_set(task, cfg.eval_prompts)  # a bad eval_prompts fails here, before anything starts
@@ -244,7 +255,7 @@ def run(cfg: ExperimentConfig | None = None, *, quick: bool = False, model_dir: 
     metrics.update(summary.pre_rl(pre_rl, cfg.pre_rl_steps))
     metrics["mtp/eval_disjoint"] = metrics["mtp/eval_disjoint"] and not metrics.get("mtp/pre_rl_eval_overlap")
     metrics.update({"mtp/k": cfg.k, "mtp/steps": cfg.steps, "mtp/spec_temperature": cfg.spec_temperature,
-                    "mtp/spec": cfg.spec,
+                    "mtp/spec": cfg.spec, "mtp/task": cfg.task, "mtp/max_new_tokens": cfg.rl.max_new_tokens,
                     "mtp/target": cfg.rl.train.mtp_target, "mtp/draft_sync_every": cfg.draft_sync_every,
                     "mtp/draft_sync_margin": cfg.draft_sync_margin,
                     "timing/mtp_experiment/total": round(time.perf_counter() - t0, 1)})
@@ -255,6 +266,8 @@ def with_overrides(cfg: ExperimentConfig, **kw) -> ExperimentConfig:
     """CLI/notebook overrides: TrainConfig fields go to cfg.rl.train, RLConfig's to cfg.rl, the rest to cfg;
     None means keep."""
     kw = {k: v for k, v in kw.items() if v is not None}
+    if kw.get("task", cfg.task) != cfg.task and "max_new_tokens" not in kw:  # the new task's answers must fit
+        kw["max_new_tokens"] = TASKS[kw["task"]]().max_new_tokens
     train = {k: kw.pop(k) for k in list(kw) if k in TrainConfig.__dataclass_fields__ and k != "seed"}
     rl_fields = {k: kw.pop(k) for k in list(kw) if k in RLConfig.__dataclass_fields__}
     return replace(cfg, **kw, rl=replace(cfg.rl, **rl_fields, train=replace(cfg.rl.train, **train)))

@@ -32,6 +32,7 @@ import torch
 from labkit.config import check
 from labkit.models.hf import ReferenceModel, read_config_json
 from labkit.models.tokenizer import EOS, PAD
+from labkit.mtp import positions
 from labkit.mtp.acceptance import Counters
 
 _DRAFT_SHARED = ("model.embed_tokens.weight", "lm_head.weight")  # what the MTP draft reads besides its layers
@@ -206,7 +207,9 @@ class Speculator:
         the verify step accepted, as SGLang's counters do (its request then ends at the cut all the same).
 
         Returns {"requests": [per request: output_ids, completion_tokens and SGLang's spec_* counters],
-        "metrics": {mtp/accept_length, mtp/accept_rate, mtp/accept_rate_pos_{i}, mtp/verify_ct} over all}.
+        "metrics": {mtp/accept_length, mtp/accept_rate, mtp/accept_rate_pos_{i}, mtp/verify_ct and by output
+        position mtp/accept_rate_at_{lo}_{hi}} over all, "positions": {"accepted_at", "proposed_at"}: drafts
+        per output position over all requests (labkit.mtp.positions)}.
         """
         self._check(prompts, temperature, max_new_tokens, k)
         check(counts in COUNTS, "counts", counts, f"one of {COUNTS}")
@@ -234,6 +237,9 @@ class Speculator:
         pos_prop = torch.zeros_like(pos_acc)
         hist = torch.zeros(b, k + 1, dtype=torch.long, device=dev)
         col = torch.arange(k + 1, device=dev)
+        span = max_new_tokens + k  # output positions a draft can be proposed for ("verified": past the budget)
+        at_acc = torch.zeros(b, span, dtype=torch.long, device=dev)  # by output position (labkit.mtp.positions)
+        at_prop = torch.zeros_like(at_acc)
         with tqdm(total=b, desc=f"speculative decode (k={k})", disable=not progress or b < 64) as bar:
             bar.update(int(done.sum()))
             while not done.all():
@@ -259,16 +265,22 @@ class Speculator:
                 seq[a] = sa
                 hid[a, :width] = h  # valid below the new last token: its prefix was all accepted
                 n[a] += n_emit
+                at = (emitted[a][:, None] + col[:k]).clamp(max=span - 1)  # draft j is for output position e + j - 1
                 emitted[a] += n_emit
                 verify_ct[a] += 1
                 correct[a] += counted
                 # position j's fate is known when drafts < j were emitted and accepted and j was not cut off
                 pos_prop[a] += (col[1:] <= seen[:, None]).long()
                 pos_acc[a] += (col[1:] <= counted[:, None]).long()
+                at_prop[a] = at_prop[a].scatter_add(1, at, (col[1:] <= seen[:, None]).long())
+                at_acc[a] = at_acc[a].scatter_add(1, at, (col[1:] <= counted[:, None]).long())
                 hist[a, counted] += 1
                 done[a] = (first_eos < n_emit) | (emitted[a] >= max_new_tokens)
                 bar.update(int(done[a].sum()))
-        return self._report(seq, lens, n, emitted, verify_ct, correct, pos_acc, pos_prop, hist, k)
+        out = self._report(seq, lens, n, emitted, verify_ct, correct, pos_acc, pos_prop, hist, k)
+        out["positions"] = {"accepted_at": at_acc.sum(0).tolist(), "proposed_at": at_prop.sum(0).tolist()}
+        out["metrics"].update(positions.binned(**out["positions"], limit=max_new_tokens))
+        return out
 
     @staticmethod
     def _report(seq, lens, n, emitted, verify_ct, correct, pos_acc, pos_prop, hist, k: int) -> dict:

@@ -100,6 +100,9 @@ def across_seeds(per_seed: Sequence[dict], arms: Sequence[str]) -> dict:
         if f"spec/final_speedup_{arm}" in per_seed[0]:  # spec="engine"
             mean, ci = mean_ci95([s[f"spec/final_speedup_{arm}"] for s in per_seed])
             out[f"spec/speedup_{arm}_mean"], out[f"spec/speedup_{arm}_ci95"] = mean, ci
+    for key in (k for k in per_seed[0] if "accept_rate_at_" in k):  # by output position (labkit.mtp.positions)
+        vals = [s[key] for s in per_seed if not math.isnan(s[key])]
+        out[f"{key}_mean"], out[f"{key}_ci95"] = mean_ci95(vals) if vals else (math.nan, None)
     if "trained" in arms and "frozen" in arms:
         for what in ("final", "tail"):
             key = "diff_trained_frozen" if what == "final" else "diff_trained_frozen_tail"

@@ -42,6 +42,8 @@ def per_seed(rows: list[dict], arms: Sequence[str], seed: int) -> dict:
             out[f"mtp/draft_sync_bytes_{a}"] = sum(r["mtp/draft_sync_bytes"] for r in mine)
         for key in (k for k in mine[-1] if k.startswith("mtp/accept_rate_pos_")):  # by draft depth (k > 1)
             out[f"mtp/final_{key.removeprefix('mtp/')}_{a}"] = mine[-1][key]
+        for key in (k for k in mine[-1] if k.startswith(("mtp/accept_rate_at_", "mtp/loop_accept_rate_at_"))):
+            out[f"mtp/final_{key.removeprefix('mtp/')}_{a}"] = mine[-1][key]  # by output position (bins)
         for key, name in (("mtp/loop_accept_rate", "mtp/final_loop_accept_rate"),
                           ("spec/speedup", "spec/final_speedup")):
             if key in mine[-1]:  # spec="engine": labkit's loop beside the engine's counters, and the draft's speed

@@ -231,3 +231,19 @@ def test_final_acceptance_is_kept_by_draft_depth():
     out = summary.per_seed(rows, ["trained"], 0)
     assert out["mtp/final_accept_rate_pos_1_trained"] == pytest.approx(0.7)  # the last step's, per depth
     assert out["mtp/final_accept_rate_pos_2_trained"] == pytest.approx(0.4)
+
+
+def test_acceptance_by_position_is_summarized_per_arm_with_intervals():
+    rows = []
+    for seed, drop in ((0, 0.10), (1, 0.20), (2, 0.30)):
+        for arm in ("frozen", "trained"):
+            for r in _rows(seed, arm, [0.7, 0.8]):
+                r.update({"mtp/accept_rate_at_0_31": 0.9, "mtp/accept_rate_at_32_63": 0.9 - drop,
+                          "mtp/loop_accept_rate_at_0_31": 0.95})
+                rows.append(r)
+    m = summary.summarize(rows, ("frozen", "trained"), (0, 1, 2), eval_held_out=True)
+    assert m["mtp/per_seed"][1]["mtp/final_accept_rate_at_32_63_trained"] == pytest.approx(0.7)
+    mean, (lo, hi) = m["mtp/final_accept_rate_at_32_63_frozen_mean"], m["mtp/final_accept_rate_at_32_63_frozen_ci95"]
+    assert mean == pytest.approx(0.7) and lo < 0.6 and hi > 0.8
+    assert m["mtp/final_accept_rate_at_0_31_trained_ci95"] == pytest.approx([0.9, 0.9])
+    assert m["mtp/final_loop_accept_rate_at_0_31_frozen_mean"] == pytest.approx(0.95)

@@ -62,13 +62,19 @@ def test_first_draft_is_the_mtp_head_of_the_teacher_forced_forward(synced):
     texts = [p + r["output_ids"] for p, r in zip(PROMPTS, out)]
     padded = torch.tensor([t + [0] * (max_new + 6 - len(t)) for t in texts])  # right padding: causal, unread
     drafts = synced.target.forward(padded)["mtp_logits"][0].argmax(-1)
+    accepted_at, proposed_at = [0] * (max_new + 1), [0] * (max_new + 1)
     for p, r, text, draft in zip(PROMPTS, out, texts, drafts):
         m, emitted, verify_ct, correct = len(p), 1, 0, 0
         while emitted < max_new and text[m] != EOS:
             ok = int(draft[m - 1]) == text[m + 1]
+            proposed_at[emitted] += 1  # the draft is for output position `emitted` (0-based)
+            accepted_at[emitted] += ok
             n = 1 if not ok or text[m + 1] == EOS or emitted + 2 > max_new else 2
             verify_ct, correct, m, emitted = verify_ct + 1, correct + ok, m + n, emitted + n
         assert (r["spec_verify_ct"], r["spec_num_correct_drafts"]) == (verify_ct, correct)
+    got = synced.generate(PROMPTS, 1, 0, max_new)["positions"]
+    assert (got["accepted_at"], got["proposed_at"]) == (accepted_at, proposed_at)
+    assert sum(proposed_at) >= len(PROMPTS) and sum(accepted_at) > 0
 
 
 def test_counters_follow_sglang_and_aggregate_like_the_parser(synced):
@@ -91,6 +97,11 @@ def test_counters_follow_sglang_and_aggregate_like_the_parser(synced):
     assert synced.generate(PROMPTS, k, 1.0, max_new, seed=1) == out  # seeded
     one = synced.generate(PROMPTS, 1, 0, max_new)["metrics"]
     assert one["mtp/accept_rate_pos_1"] == one["mtp/accept_rate"]  # k = 1: every verify proposes position 1
+    assert one["mtp/accept_rate_at_0_5"] == one["mtp/accept_rate"]  # one bin: all positions
+    at = out["positions"]  # by output position, every depth: the same drafts as the per-depth counters
+    assert sum(at["accepted_at"]) == sum(r["spec_num_correct_drafts"] for r in out["requests"])
+    assert sum(at["proposed_at"]) == sum(sum(r["spec_proposed_pos"]) for r in out["requests"])
+    assert not any(at["proposed_at"][max_new:])  # counts="emitted": no draft past the budget
 
 
 def test_unsynced_draft_changes_acceptance_not_output(synced, unsynced):

@@ -10,7 +10,7 @@ import nbformat
 import pytest
 
 from labkit.cli import main as labkit_main
-from labkit.workbench import nb, notebook, viz
+from labkit.workbench import nb, notebook, viz, viz_positions
 
 NAMES = notebook.names()
 
@@ -111,6 +111,13 @@ def test_figures_build_and_save(tmp_path):
         "positions": viz.per_position({"mtp/accept_length": 2.1, "mtp/theory_accept_length": 2.2,
                                        **{f"mtp/accept_rate_pos_{i}": 0.9 - 0.1 * i for i in (1, 2, 3)}}),
     }
+    figs["by_position"] = viz_positions.by_position(
+        {"mtp/arms": {"frozen": [], "trained": []},
+         **{f"mtp/final_loop_accept_rate_at_{lo}_{lo + 31}_{a}_mean": 0.8 - lo / 640 for lo in (32, 0, 64)
+            for a in ("frozen", "trained")},
+         **{f"mtp/final_loop_accept_rate_at_{lo}_{lo + 31}_frozen_ci95": [0.6, 0.9] for lo in (0, 32, 64)}})
+    assert [list(t.x) for t in figs["by_position"].data] == [["0–31", "32–63", "64–95"]] * 2  # in position order
+    assert figs["by_position"].data[0].error_y.array[0] == pytest.approx(0.1)
     assert list(figs["positions"].data[0].x) == [1, 2, 3] and "theory 2.200" in figs["positions"].layout.title.text
     assert len(figs["phases"].data) == len(viz.PHASES) + 1
     assert sum(s.type == "line" for s in figs["sweep"].layout.shapes) == 3  # chosen bucket / budget lines

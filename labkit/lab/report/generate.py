@@ -16,7 +16,7 @@ from pathlib import Path
 from labkit import provenance
 from labkit.lab.report.bench import bench_table, family_syncs_table, repeats_table, resharding_table
 from labkit.lab.report.device import device_table
-from labkit.lab.report.mtp import draft_inputs_table, engine_table, drafts_table, mtp_table
+from labkit.lab.report.mtp import draft_inputs_table, drafts_table, engine_table, long_table, mtp_table
 from labkit.lab.report.replication import replication_table
 from labkit.lab.report.soak import soak_table
 from labkit.lab.report.tables import (codec_table, delta_table, faults_table, host_threads_table,
@@ -44,6 +44,7 @@ TABLES = {"mtp": ("mtp_experiment_cpu.json", mtp_table),
           "resharding": ("reshard_*_cpu.json", resharding_table),
           "draft-inputs": ("draft_inputs_ab_cpu.json", draft_inputs_table),
           "mtp-engine": ("mtp_engine_counters_cpu.json", engine_table),
+          "mtp-long": ("mtp_long_chain_cpu.json", long_table),
           "host-threads": ("host_threads_ab_cpu.json", host_threads_table),
           "roofline": ("roofline_published.json", roofline_table),
           "roofline-models": ("roofline_published.json", roofline_models_table),

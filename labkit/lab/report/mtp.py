@@ -180,3 +180,43 @@ def engine_table(run: dict) -> list[str]:
     lines.append(f"- seeds {m['mtp/seeds']}, {m['mtp/steps']} steps per arm, k = {m['mtp/k']}, T = "
                  f"{m['mtp/spec_temperature']}, {m['timing/mtp_experiment/total'] / 60:.1f} min{host_phrase(run)}")
     return lines
+
+
+def long_table(run: dict) -> list[str]:
+    """`labkit mtp-experiment --task chain`: the long-answer task, acceptance over the whole generation from the
+    engine's counters, and by position within the generation (bins of 32 tokens) from labkit's loop at the same
+    temperature (the engine counts per request, not per position), per arm over seeds."""
+    m = run.get("metrics", run)
+    arms = list(m["mtp/arms"])
+    loop = "mtp/final_loop_accept_rate_at_" if any(k.startswith("mtp/final_loop_accept_rate_at_") for k in m) \
+        else "mtp/final_accept_rate_at_"
+    bins = sorted({k.removeprefix(loop).rsplit("_", 2)[0] for k in m if k.startswith(loop) and k.endswith("_mean")},
+                  key=lambda b: int(b.split("_")[0]))
+    head = ["arm", "whole generation, mean [95 % CI]"] + [f"tokens {b.replace('_', '–')}" for b in bins]
+    if f"spec/speedup_{arms[0]}_mean" in m:
+        head.append("spec/speedup")
+    lines = md_head(head)
+    for arm in arms:
+        row = [arm, _ci(m[f"mtp/final_accept_rate_{arm}_mean"], m[f"mtp/final_accept_rate_{arm}_ci95"])]
+        row += [_ci(m[f"{loop}{b}_{arm}_mean"], m[f"{loop}{b}_{arm}_ci95"]) for b in bins]
+        if f"spec/speedup_{arm}_mean" in m:
+            row.append(_ci(m[f"spec/speedup_{arm}_mean"], m[f"spec/speedup_{arm}_ci95"]))
+        lines.append(md_row(row))
+    lines.append("")
+    where = "labkit's loop" if loop.startswith("mtp/final_loop") else "the measuring instrument"
+    lines.append(f"- by position: {where} at T = {m['mtp/spec_temperature']}, final step, the drafts proposed for "
+                 "output positions in each bin (accepted / proposed, pooled over the held-out prompts)")
+    if "mtp/engine_vs_loop_accept_diff_max" in m:
+        lines.append(f"- greedy cross-check, engine counters vs labkit's loop, worst step: "
+                     f"{m['mtp/engine_vs_loop_accept_diff_max']:.4f}; every sync into the speculative engine "
+                     f"verified on its draft runner: {m['mtp/draft_verified_every_step']}")
+    if "mtp/diff_trained_frozen_mean" in m:
+        lines.append(f"- trained − frozen, paired by seed (final, whole generation): "
+                     f"{_ci(m['mtp/diff_trained_frozen_mean'], m['mtp/diff_trained_frozen_ci95'])}")
+    rewards = ", ".join(f"{arm} {m[f'mtp/final_reward_{arm}']:.3f}" for arm in arms)
+    lines.append(f"- final reward (correct-prefix share of the answer): {rewards}; start {m['mtp/start_reward']:.3f}")
+    lines.append(f"- rollouts token-identical across arms at step 0: {m['mtp/rollouts_identical_step0']}, later: "
+                 f"{_pct(m['mtp/rollouts_identical_fraction'])}; evaluation held out: {m['mtp/eval_disjoint']}")
+    lines.append(f"- seeds {m['mtp/seeds']}, {m['mtp/steps']} steps per arm, k = {m['mtp/k']}, max_new_tokens "
+                 f"{m.get('mtp/max_new_tokens')}, {m['timing/mtp_experiment/total'] / 60:.1f} min{host_phrase(run)}")
+    return lines
