@@ -23,7 +23,7 @@
 # ARMS `frozen`, Bebop). Sweep one over seeds headless:
 # `labkit notebook sweep 03_acceptance_rate --over MTP_TARGET -p MTP_TARGET tokens,policy,topk,tv -p ARMS trained`.
 #
-# `TASK = "chain"` runs the long-answer task (128-character Fibonacci chains, its own checkpoint
+# `TASK = "chain"` runs the long-answer task (134-character worked Fibonacci chains, its own checkpoint
 # data/tiny-mimo-chain): acceptance by position within the generation, in bins of 32 tokens, is drawn per arm.
 #
 # Acceptance is measured on the task's held-out problems (never drawn by pretraining or RL). With `SPEC = "engine"`
@@ -56,7 +56,7 @@ PRE_RL_STEPS = 0  # MTP-only steps on the initial policy's rollouts before RL (B
 SEED = 0  # the standalone run's sampling seed
 SEEDS = "0,1,2"  # one run of every arm per seed
 SPEC = "engine"  # where acceptance is measured: engine (SGLang's counters, labkit's loop beside) or loop
-TASK = "arith"  # arith (3-token sums) or chain (128-character answers: acceptance by position)
+TASK = "arith"  # arith (3-token sums) or chain (134-character answers: acceptance by position)
 QUICK = False  # a few seconds per step, one seed: the numbers mean little
 INTERACTIVE = False
 

@@ -20,9 +20,9 @@ CHAIN_DIR = Path(default_model_dir("chain"))
 RECIPES = {
     "arith": {"out": DEFAULT_DIR, "steps": 2400, "batch_size": 64, "lr": 2e-3, "noise": 0.25, "post_steps": 600,
               "post_lr": 5e-4, "post_noise": 0.15},
-    # Chains are 135 tokens (arith: ~10): fewer, smaller steps; the noise is per term (a slip the chain continues
-    # from), so 0.05 is about two slips per answer.
-    "chain": {"out": CHAIN_DIR, "steps": 1500, "batch_size": 32, "lr": 2e-3, "noise": 0.04, "post_steps": 300,
+    # Chains are 141 tokens (arith: ~10): fewer, smaller steps; the noise is per sum (a slip the chain continues
+    # from), so 0.05 is a slip in about half the answers.
+    "chain": {"out": CHAIN_DIR, "steps": 1500, "batch_size": 32, "lr": 2e-3, "noise": 0.05, "post_steps": 300,
               "post_lr": 5e-4, "post_noise": 0.01},
 }
 """Each shipped checkpoint's recipe: `pretrain(task=...)`'s defaults."""

@@ -78,7 +78,7 @@ class ExperimentConfig:
     starts there, the trunk stays the checkpoint's. arms=("frozen",) with pre_rl_steps > 0 is the pre-RL-only
     cadence."""
     task: Literal["arith", "chain"] = "arith"
-    """The task (labkit.tasks.TASKS): "arith", 3-token sums; "chain", 128-character Fibonacci chains, the long
+    """The task (labkit.tasks.TASKS): "arith", 3-token sums; "chain", 134-character worked Fibonacci chains, the long
     answers whose acceptance by position (`mtp/accept_rate_at_{lo}_{hi}`, bins of 32 tokens) means something. Its
     checkpoint is the default model (data/tiny-mimo, data/tiny-mimo-chain) and rl.max_new_tokens must cover its
     answers (`with_overrides` sets it)."""

@@ -1,6 +1,6 @@
 """Tasks: what the policy is asked (problems with prompts), how a completion is scored (reward), what a
 supervised step learns (batch), through one tokenizer. `ArithTask` is the default everywhere; `ChainTask` is
-the long-answer task (128-character answers)."""
+the long-answer task (134-character answers)."""
 
 from labkit.tasks.arith import ArithTask
 from labkit.tasks.base import CharTokenizer, Task, Tokenizer, check_task, pad_batch, prompt_and_target

@@ -1,11 +1,13 @@
-"""The long-answer task: a Fibonacci chain modulo 100. Prompt "07,10:", answer the next 43 terms, each the sum
-of the two before it modulo 100, written with two digits: "17,27,44,71,15,...,89" (128 characters, then EOS).
+"""The long-answer task: a Fibonacci chain modulo 100, worked step by step. Prompt "07,10:", answer 15 steps,
+each the two previous terms and their sum modulo 100, two digits each: "07+10=17;10+17=27;17+27=44;..."
+(134 characters, then EOS).
 
 Why this task: RL rollouts run to thousands of tokens and a draft's acceptance can change along a generation
-(Test-Time Speculation, arXiv 2605.09329); the arithmetic task's answers are 3 tokens. Every term is computable
-from the six characters before it, so the tiny model learns it, and its MTP draft (one layer, the next-next
-token) gets some tokens nearly free (the comma) and some it must compute (the digits): acceptance varies by
-position within a term and, as errors compound, along the answer.
+(Test-Time Speculation, arXiv 2605.09329); the arithmetic task's answers are 3 tokens. Each step is the
+arithmetic task's "a+b=" with its operands copied from just before, so the tiny model learns it; its MTP draft
+(one layer, the token after next) gets the copies and separators nearly free and must compute the sums, and a
+wrong sum is copied into every later step: acceptance varies within a step and, as errors compound, along the
+answer.
 
 The held-out set is whole orbits of the map (a, b) -> (b, a + b mod 100): a training chain starts outside them
 and so never contains a held-out pair of consecutive terms, anywhere in it (not only as its prompt).
@@ -22,7 +24,7 @@ from labkit.config import check
 from labkit.tasks.base import CharTokenizer, Tokenizer, pad_batch, prompt_and_target
 
 MOD = 100
-TERMS = 43  # 43 two-digit terms and 42 commas: 128 characters, the issue's ">= 128 tokens" answer
+TERMS = 15  # steps of 9 characters ("07+10=17;"), the last without ";": 134 characters, at least 128
 HELD_OUT = 300  # pairs in the held-out orbits (about 3 % of the 10,000)
 HELD_OUT_SEED = 20_261_129  # fixed: the held-out orbits are part of the task's definition
 
@@ -47,7 +49,17 @@ def terms(a: int, b: int, n: int = TERMS) -> list[int]:
 
 
 def render(a: int, b: int, values: list[int]) -> Problem:
-    return Problem(f"{a:02d},{b:02d}:", ",".join(f"{v:02d}" for v in values))
+    """The problem whose answer works `values` (each the sum the step writes) out from a, b."""
+    prev, steps = [a, b], []
+    for v in values:
+        steps.append(f"{prev[-2]:02d}+{prev[-1]:02d}={v:02d}")
+        prev.append(v)
+    return Problem(f"{a:02d},{b:02d}:", ";".join(steps))
+
+
+def sums(answer: str) -> list[int]:
+    """The sums a well-formed answer writes, in order."""
+    return [int(step.split("=")[1]) for step in answer.split(";")]
 
 
 @functools.lru_cache(maxsize=1)
@@ -107,16 +119,11 @@ def evaluation(n: int) -> list[Problem]:
     return [render(a, b, terms(a, b)) for a, b in pairs[:n]]
 
 
-def parse(text: str) -> list[int | None]:
-    """A completion's terms (None where a term is not two digits); stops at the first newline."""
-    return [int(t) if len(t) == 2 and t.isdigit() else None for t in text.split("\n")[0].split(",")]
-
-
 def reward(problem: Problem, completion: str) -> float:
-    """The fraction of the answer's terms that the completion gets right before its first wrong one: a chain
-    is only as good as its first error, since every later term is computed from the ones before."""
-    want = [int(t) for t in problem.answer.split(",")]
-    got = parse(completion)
+    """The fraction of the answer's steps the completion writes exactly (operands and sum) before its first wrong
+    one: a chain is only as good as its first error, since every later step is computed from the ones before.
+    Stops at the first newline."""
+    want, got = problem.answer.split(";"), completion.split("\n")[0].split(";")
     good = 0
     for w, g in zip(want, got):
         if w != g:
@@ -126,30 +133,31 @@ def reward(problem: Problem, completion: str) -> float:
 
 
 def corrupt(items: list[Problem], rate: float, seed: int = 0) -> list[Problem]:
-    """Each term replaced, with probability `rate`, by a different random value, and the chain continued from
-    it: a consistent noisy corpus (every term is the rule's or a slip), so the pretrained policy slips at T=1
-    about that often and RL has errors to remove."""
+    """Each sum replaced, with probability `rate`, by a different random value, and the chain continued from it
+    (later steps copy it): a consistent noisy corpus (every sum is the rule's or a slip), so the pretrained policy
+    slips at T=1 about that often and RL has errors to remove."""
     check(isinstance(rate, (int, float)) and 0 <= rate < 1, "rate", rate, "a float in [0, 1)")
     rng = random.Random(seed)
     out = []
     for p in items:
         a, b = (int(x) for x in p.prompt.rstrip(":").split(","))
         values = []
-        for _ in range(len(p.answer.split(","))):
+        for _ in range(len(p.answer.split(";"))):
             a, b = step(a, b)
             if rng.random() < rate:
                 b = rng.choice([v for v in range(MOD) if v != b])
             values.append(b)
-        out.append(Problem(p.prompt, ",".join(f"{v:02d}" for v in values)))
+        out.append(render(int(p.prompt[:2]), int(p.prompt[3:5]), values))
     return out
 
 
 @dataclass(frozen=True, slots=True)
 class ChainTask:
-    """"07,10:" -> 43 terms of the Fibonacci chain mod 100 (128 characters); reward: the correct prefix's share."""
+    """"07,10:" -> 15 worked steps of the Fibonacci chain mod 100 (134 characters); reward: the correct prefix's
+    share of the steps."""
 
     tokenizer: Tokenizer = field(default_factory=CharTokenizer)
-    max_new_tokens: int = 130  # 128 characters + EOS, and one to spare
+    max_new_tokens: int = 136  # 134 characters + EOS, and one to spare
 
     def __post_init__(self) -> None:
         check(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1, "max_new_tokens",

@@ -75,9 +75,9 @@ def test_the_long_task_brings_its_answer_budget_and_checkpoint():
     from labkit.models.tiny import default_model_dir
 
     cfg = with_overrides(ExperimentConfig(), task="chain")
-    assert cfg.task == "chain" and cfg.rl.max_new_tokens == 130
+    assert cfg.task == "chain" and cfg.rl.max_new_tokens == 136
     assert with_overrides(ExperimentConfig(), task="chain", max_new_tokens=140).rl.max_new_tokens == 140
-    with pytest.raises(ValueError, match="max_new_tokens=5 is invalid: expected >= 130, the chain task's"):
+    with pytest.raises(ValueError, match="max_new_tokens=5 is invalid: expected >= 136, the chain task's"):
         ExperimentConfig(task="chain")
     with pytest.raises(ValueError, match="task='sums' is invalid"):
         ExperimentConfig(task="sums")
