@@ -215,6 +215,12 @@ def figures(data_dir: Path = DATA, out_dir: Path = ROOT / "docs" / "figures") ->
     out, figs = {}, {}
     if any(data_dir.glob("mtp_sweep_*.json")):
         figs["mtp_draft_schedules.png"] = viz.draft_schedules(draft_rows(*_runs(data_dir, "mtp_sweep_*.json")))
+    if (data_dir / "mtp_long_chain_cpu.json").is_file():
+        from labkit.workbench import viz_positions
+
+        long = json.loads((data_dir / "mtp_long_chain_cpu.json").read_text())
+        figs["mtp_long_by_position.png"] = viz_positions.by_position(
+            long.get("metrics", long), title="Long answers: draft acceptance by position (labkit's loop, T = 1)")
     if (data_dir / "soak_cpu.json").is_file():
         soak = json.loads((data_dir / "soak_cpu.json").read_text())
         figs.update({"soak_memory.png": viz_soak.memory(soak), "soak_sync_times.png": viz_soak.sync_times(soak)})

@@ -192,20 +192,25 @@ def long_table(run: dict) -> list[str]:
         else "mtp/final_accept_rate_at_"
     bins = sorted({k.removeprefix(loop).rsplit("_", 2)[0] for k in m if k.startswith(loop) and k.endswith("_mean")},
                   key=lambda b: int(b.split("_")[0]))
-    head = ["arm", "whole generation, mean [95 % CI]"] + [f"tokens {b.replace('_', '–')}" for b in bins]
+    whole_loop = f"mtp/final_loop_accept_rate_{arms[0]}" in m
+    head = ["arm", ("engine counters, " if whole_loop else "") + "whole generation, mean [95 % CI]"] + \
+        (["loop, whole"] if whole_loop else []) + \
+        [f"loop, tokens {b.replace('_', '–')}" for b in bins]
     if f"spec/speedup_{arms[0]}_mean" in m:
         head.append("spec/speedup")
     lines = md_head(head)
     for arm in arms:
         row = [arm, _ci(m[f"mtp/final_accept_rate_{arm}_mean"], m[f"mtp/final_accept_rate_{arm}_ci95"])]
+        row += [f"{m[f'mtp/final_loop_accept_rate_{arm}']:.3f}"] if whole_loop else []
         row += [_ci(m[f"{loop}{b}_{arm}_mean"], m[f"{loop}{b}_{arm}_ci95"]) for b in bins]
         if f"spec/speedup_{arm}_mean" in m:
             row.append(_ci(m[f"spec/speedup_{arm}_mean"], m[f"spec/speedup_{arm}_ci95"]))
         lines.append(md_row(row))
     lines.append("")
     where = "labkit's loop" if loop.startswith("mtp/final_loop") else "the measuring instrument"
-    lines.append(f"- by position: {where} at T = {m['mtp/spec_temperature']}, final step, the drafts proposed for "
-                 "output positions in each bin (accepted / proposed, pooled over the held-out prompts)")
+    lines.append(f"- whole generation: {'the engine counters' if whole_loop else where}; by position: {where} at "
+                 f"T = {m['mtp/spec_temperature']}, final step, the drafts proposed for output positions in each bin "
+                 "(accepted / proposed, pooled over the held-out prompts; mean [95 % CI] over seeds)")
     if "mtp/engine_vs_loop_accept_diff_max" in m:
         lines.append(f"- greedy cross-check, engine counters vs labkit's loop, worst step: "
                      f"{m['mtp/engine_vs_loop_accept_diff_max']:.4f}; every sync into the speculative engine "
