@@ -5,6 +5,7 @@ the configs' fields; the small configs below hold the flags no library config ho
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Literal
 
@@ -253,8 +254,11 @@ def cmd_report(args) -> int:
 def cmd_pretrain(args) -> int:
     from labkit.lab.pretrain import pretrain
 
-    emit(pretrain(args.out, task=args.task, steps=args.steps, noise=args.noise, post_steps=args.post_steps,
-                  progress=not args.json), args.json)
+    out = pretrain(args.out, task=args.task, steps=args.steps, noise=args.noise, post_steps=args.post_steps,
+                   progress=not args.json)
+    # the checkpoint's record, led by the command, commit, host and versions that made it (a stored run's header)
+    write_run({k: v for k, v in out.items() if k != "pretrain/dir"}, str(Path(out["pretrain/dir"]) / "pretrain.json"))
+    emit(out, args.json)
     return 0
 
 
