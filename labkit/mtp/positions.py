@@ -46,3 +46,14 @@ def bin_keys(row: dict) -> list[str]:
     """The by-position keys of a metrics row, in position order."""
     keys = [k for k in row if k.startswith("mtp/accept_rate_at_")]
     return sorted(keys, key=lambda k: int(k.removeprefix("mtp/accept_rate_at_").split("_")[0]))
+
+
+def summary_bins(m: dict, arm: str) -> tuple[str, list[str]]:
+    """(key prefix, bin names "lo_hi" in position order) of the by-position keys an MTP experiment's summary holds
+    for `arm`: labkit's loop beside the engine (`mtp/final_loop_accept_rate_at_`) where there is one, else the
+    run's own instrument (`mtp/final_accept_rate_at_`)."""
+    loop = "mtp/final_loop_accept_rate_at_"
+    prefix = loop if any(k.startswith(loop) for k in m) else "mtp/final_accept_rate_at_"
+    names = [k.removeprefix(prefix).removesuffix(f"_{arm}_mean") for k in m
+             if k.startswith(prefix) and k.endswith(f"_{arm}_mean")]
+    return prefix, sorted(names, key=lambda b: int(b.split("_")[0]))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from labkit.mtp import positions
 from labkit.workbench.viz import _color, _go
 
 
@@ -11,15 +12,13 @@ def by_position(m: dict, title: str = "Draft acceptance by position in the gener
     with its 95 % interval as error bars; labkit's loop where the engine measured the whole generation
     (`mtp/final_loop_accept_rate_at_*`), else the run's own instrument."""
     go = _go()
-    prefix = "mtp/final_loop_accept_rate_at_" if any(k.startswith("mtp/final_loop_accept_rate_at_") for k in m) \
-        else "mtp/final_accept_rate_at_"
     fig = go.Figure()
     for i, arm in enumerate(m["mtp/arms"]):
-        keys = sorted((k for k in m if k.startswith(prefix) and k.endswith(f"_{arm}_mean")),
-                      key=lambda k: int(k.removeprefix(prefix).split("_")[0]))
-        if not keys:
+        prefix, names = positions.summary_bins(m, arm)
+        if not names:
             continue
-        names = [k.removeprefix(prefix).removesuffix(f"_{arm}_mean").replace("_", "–") for k in keys]
+        keys = [f"{prefix}{b}_{arm}_mean" for b in names]
+        names = [b.replace("_", "–") for b in names]
         ys = [m[k] for k in keys]
         cis = [m.get(k.removesuffix("_mean") + "_ci95") for k in keys]
         err = {"type": "data", "symmetric": False, "array": [c[1] - y if c else 0 for c, y in zip(cis, ys)],

@@ -8,7 +8,7 @@ cannot move the policy, a pre-RL phase that leaves the trunk bit for bit), so th
 from __future__ import annotations
 
 from labkit.lab.report.markdown import md_head, md_row
-from labkit.mtp import stats
+from labkit.mtp import positions, stats
 
 
 def _pct(x) -> str:
@@ -188,10 +188,7 @@ def long_table(run: dict) -> list[str]:
     temperature (the engine counts per request, not per position), per arm over seeds."""
     m = run.get("metrics", run)
     arms = list(m["mtp/arms"])
-    loop = "mtp/final_loop_accept_rate_at_" if any(k.startswith("mtp/final_loop_accept_rate_at_") for k in m) \
-        else "mtp/final_accept_rate_at_"
-    bins = sorted({k.removeprefix(loop).rsplit("_", 2)[0] for k in m if k.startswith(loop) and k.endswith("_mean")},
-                  key=lambda b: int(b.split("_")[0]))
+    loop, bins = positions.summary_bins(m, arms[0])
     whole_loop = f"mtp/final_loop_accept_rate_{arms[0]}" in m
     head = ["arm", ("engine counters, " if whole_loop else "") + "whole generation, mean [95 % CI]"] + \
         (["loop, whole"] if whole_loop else []) + \
