@@ -54,6 +54,18 @@ def tune_this_process() -> bool:
     return all(mallopt(_MALLOPT[k], v) == 1 for k, v in SETTINGS)
 
 
+def trim() -> bool:
+    """Hand the free pages of every heap back to the system (glibc's malloc_trim(0), which since 2.8 releases free
+    pages inside an arena too, not only at its top). For a long-lived process after a burst of small allocations
+    made while other threads allocate in the same arenas: what the burst freed sits between live blocks, and RSS
+    keeps it though nothing holds it. `labkit soak` calls it in the driver after each acceptance measurement (its
+    own instrument builds two models there), so the driver's slope is the library's, not the instrument's."""
+    try:
+        return bool(ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0))
+    except (OSError, AttributeError, TypeError):  # no glibc
+        return False
+
+
 def retained_mb(rounds: int = 3, blocks: int = 100) -> float:
     """Resident MB left after freeing `rounds` x `blocks` 1 MiB buffers, each followed by a small live one (a sync's
     buffers beside its long-lived records), after one freed 2 MiB block raised the dynamic threshold: about `blocks`

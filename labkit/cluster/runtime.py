@@ -13,7 +13,7 @@ import os
 import secrets
 import socket
 
-from labkit.cluster import allocator
+from labkit.cluster import allocator, shm_manager
 from labkit.compat import loopback, quiet
 
 START_ATTEMPTS = 3
@@ -62,6 +62,7 @@ def init(address: str | None = None, num_cpus: int | None = None) -> dict:
     if not ray.is_initialized():
         quiet.install()  # before Ray starts: a local cluster's workers inherit this environment
         allocator.install()  # likewise: freed memory goes back to the system (labkit.cluster.allocator)
+        shm_manager.start()  # likewise: one torch_shm_manager for every trainer process (labkit.cluster.shm_manager)
         address = address or os.environ.get("RAY_ADDRESS") or None
         if address:
             if loopback.is_loopback(address.rsplit(":", 1)[0]):

@@ -14,7 +14,7 @@ from functools import partial
 import torch
 from torch.multiprocessing import reductions
 
-from labkit.cluster import allocator
+from labkit.cluster import allocator, shm_manager
 from labkit.cluster.runtime import node_ip
 from labkit.compat import loopback, quiet
 from labkit.compat import megatron as compat
@@ -50,6 +50,7 @@ class TrainerRank:
     def __init__(self, *, parallel: ParallelSpec, train: TrainConfig, threads: int | None = None):
         quiet.install()  # before Megatron is imported (setup): its CPU-box warnings say nothing actionable
         allocator.install()  # freed buckets go back to the system (labkit.cluster.allocator)
+        self.shm_joined = shm_manager.join()  # before anything is shared (labkit.cluster.shm_manager)
         if threads:
             torch.set_num_threads(threads)
         self.parallel, self.train_cfg = parallel, train

@@ -103,3 +103,32 @@ def test_an_aborted_soak_says_where_it_stopped():
         said = where(e)
     assert said.startswith("test_soak_summary.py:") and " inner <- " in said and said.endswith(
         "test_an_aborted_soak_says_where_it_stopped"), said
+
+
+def test_a_process_restarted_mid_run_warms_up_as_long_as_the_run_did():
+    """A trainer rank restarted after a fault climbs while it meets each transport and bucket size for the first
+    time (data/soak_cpu.json at 3e7a957: +30 MB, then steps for ten syncs and more): its slope is judged only
+    after `warmup` syncs of its own life, and one that dies sooner is reported too short, with its life."""
+    rows = _rows(150)
+    for r in rows:
+        i = r["sync"]
+        if 40 <= i:  # restarted at sync 40: climbs 1 MB a sync for 25 syncs, then flat
+            r["resources"]["procs"][300] = ["trainer rank", int((600 + min(i - 40, 25)) * MB), 50, 90]
+        if 100 <= i < 125:  # restarted at 100, killed 25 syncs later
+            r["resources"]["procs"][400] = ["trainer rank", int(600 * MB), 50, 90]
+            r["resources"]["procs"][400][2] = 50 + (i > 110)  # a descriptor during its warm-up is no leak
+    cfg = SoakConfig(warmup=30)
+    m = summarize(rows, SERVING, {"trainer": 2}, cfg, 1.0, 2.0)
+    assert m["soak/rss_per_process"]["trainer rank 300"]["from_sync"] == 40 + cfg.warmup
+    assert m["soak/rss_per_process"]["trainer rank 300"]["within"] is True
+    assert m["soak/rss_too_short"] == {"trainer rank 400": 25}
+    assert m["soak/levels_returned"] is True
+
+
+def test_levels_are_read_between_syncs_with_no_engine_restart_in_flight():
+    rows = _rows()
+    rows[70]["resources"]["store_bytes"], rows[70]["reviving"] = 113 * MB, [1]  # the restart's objects in flight
+    m = _sum(rows)
+    assert m["soak/levels_returned"] is True and m["soak/levels_samples_reviving"] == 1
+    rows[71]["resources"]["store_bytes"] = 1  # still there once the restart is done: a leak
+    assert _sum(rows)["soak/levels_exceeded"] == {"store_bytes": 1}

@@ -46,7 +46,6 @@ by its layout and hands it to the model's `load_weights`, which labkit's models 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import weakref
 from collections import OrderedDict
@@ -54,6 +53,7 @@ from collections import OrderedDict
 import torch
 
 from labkit import failpoints as fp
+from labkit.cluster import shm_manager
 from labkit.engine.inside import checkmemo
 from labkit.engine.inside import copyplan
 from labkit.engine.inside import delta
@@ -282,18 +282,18 @@ _memo_done = False
 
 
 def _release(flat: torch.Tensor) -> None:
-    """Let go of a kept buffer, unless the process that created it is gone: freeing a `file_system`-shared
-    segment tells its creator's torch_shm_manager, and with that manager dead torch aborts the whole process
-    (`terminate ... std::system_error: Broken pipe`, seen when a trainer was killed mid-sync and the engine then
-    dropped the bucket it had kept). Such a buffer is kept for good instead: one bucket per killed trainer."""
+    """Let go of a kept buffer, unless the torch_shm_manager it is filed under is gone: freeing a `file_system`-shared
+    segment tells that manager, and with the manager dead torch aborts the whole process (`terminate ...
+    std::system_error: Broken pipe`, seen when a trainer that ran its own manager was killed mid-sync and the engine
+    then dropped the bucket it had kept: Ray kills a worker's children with it). Such a buffer is kept for good
+    instead. A trainer that joined the run's manager (labkit.cluster.shm_manager) leaves a manager that lives on,
+    so its buffers are freed like any other."""
     try:
-        name = flat.untyped_storage()._share_filename_cpu_()[1].decode()  # "/torch_<creator pid>_<rand>_<n>"
-        pid = int(name.lstrip("/").split("_")[1])
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        handle = flat.untyped_storage()._share_filename_cpu_()[0]
+    except (RuntimeError, ValueError, AttributeError):
+        return  # not a file_system segment (CUDA, fd strategy): an ordinary free
+    if not shm_manager.alive(handle):
         _orphans.append(flat)
-    except (RuntimeError, ValueError, IndexError, PermissionError, AttributeError):
-        pass  # not a file_system segment (CUDA, fd strategy, a test's own tensor): an ordinary free
 
 
 _orphans: list[torch.Tensor] = []

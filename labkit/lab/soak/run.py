@@ -25,10 +25,12 @@ import time
 from pathlib import Path
 
 from labkit import failpoints as fpt
+from labkit.cluster import allocator
 from labkit.lab.bench.serve import paused_within
 from labkit.lab.faults.harness import about_to_send, arm_fault, fault_fired, trainer_answers
 from labkit.lab.soak import resources
 from labkit.lab.soak.config import SoakConfig
+from labkit.lab.soak.rowlog import RowLog
 from labkit.lab.soak.schedule import Step, steps
 from labkit.lab.soak.summary import summarize
 
@@ -119,6 +121,7 @@ class Soak:
         row["in_flight"] = self.load.settle((t0, t1))  # labkit requests that overlapped the sync
         steps_s["settle"] = lap()
         row["resources"] = compact(resources.sample([os.getpid()]))
+        row["reviving"] = sorted(self.reviving)  # engines restarting in the background as it was read
         steps_s["sample"] = lap()
         if (st.index + 1) % cfg.accept_every == 0:
             row["acceptance"] = self._acceptance()
@@ -218,6 +221,8 @@ class Soak:
                                                            max_new_tokens=self.cfg.max_new_tokens, seed=0,
                                                            progress=False)
             runs.append([r["spec_num_correct_drafts"] for r in out["requests"]])
+        del weights, out["requests"]
+        allocator.trim()  # the instrument's garbage, not the driver's growth (labkit.cluster.allocator.trim)
         digest = hashlib.sha256(repr(sorted(engine.checksums().items())).encode()).hexdigest()[:16]
         return {"version": engine.weight_version, "weights": digest, "accepted": runs[0],
                 "accept_rate": out["metrics"]["mtp/accept_rate"], "repeat_equal": runs[0] == runs[1]}
@@ -246,7 +251,7 @@ def run(cfg: SoakConfig | None = None, on_row=None) -> dict:
 
     cfg = cfg or SoakConfig()
     schedule = steps(cfg.seed, cfg.transports, cfg.bucket_mbs, cfg.kinds, cfg.fault_every)
-    t_start, rows, soak, aborted = time.perf_counter(), [], None, None
+    t_start, log, soak, aborted = time.perf_counter(), RowLog(), None, None
     try:
         soak = Soak(cfg)
         startup_s, end = time.perf_counter() - t_start, time.monotonic() + cfg.minutes * 60
@@ -255,14 +260,16 @@ def run(cfg: SoakConfig | None = None, on_row=None) -> dict:
             if time.monotonic() >= end:
                 break
             try:
-                rows.append(soak.step(st))
+                row = soak.step(st)
             except Exception as e:  # noqa: BLE001 - the run so far is summarized, not lost; the verdict fails
                 aborted = f"sync {st.index}: {type(e).__name__}: {e}"[:300] + f" (at {where(e)})"
                 break
+            log.append(row)  # on disk, not in the driver the run judges (labkit.lab.soak.rowlog)
             bar.update()
             bar.set_postfix_str(f"{st.transport} {st.fault.kind if st.fault else ''}".strip())
             if on_row is not None:
-                on_row(rows[-1])
+                on_row(row)
+            del row
         bar.close()
         try:
             soak.revive_fenced(wait=True)  # every engine back before the run is judged and closed
@@ -272,6 +279,8 @@ def run(cfg: SoakConfig | None = None, on_row=None) -> dict:
     finally:
         if soak is not None:
             soak.close()
+        rows = log.rows()
+        log.close()
     out = summarize(rows, serving, restarts, cfg, startup_s, time.perf_counter() - t_start)
     if aborted:
         out.update({"soak/aborted": aborted, "soak/ok": False, "soak/targets_met": False})

@@ -23,8 +23,6 @@ from collections import Counter
 from labkit.lab.soak.trend import slope_ci95, trend
 
 MIN_SAMPLES = 10  # a process with fewer samples after its warm-up (restarted late) has no slope to judge
-PROCESS_WARMUP = 20  # samples of its own a process started during the run warms up for (a new trainer rank
-# allocates for each transport and bucket size it meets first: 12 of them by default)
 MB = 2**20
 
 
@@ -58,28 +56,30 @@ def _serving(serving: dict, rows: list[dict]) -> dict:
 
 
 def processes(rows: list[dict], warmup: int) -> dict[str, dict]:
-    """Each process's samples ("role pid": syncs, rss, fds, threads) and where its own warm-up ends: the run's
-    for a process there from the first sync, its first `PROCESS_WARMUP` samples for one started later (an engine
-    revived after a fault warms up again: its first allocations are not a leak)."""
+    """Each process's samples ("role pid": syncs, rss, fds, threads) and where its own warm-up ends: `warmup`
+    syncs into its life, for a process there from the first sync and one started later alike. A process restarted
+    after a fault starts as cold as the run did: a new trainer rank allocates for each transport, bucket size and
+    engine it meets first (data/soak_cpu.json at 3e7a957: +30 MB at its first sync, then steps of 1-6 MB for ten
+    syncs and more, and +-2 MB from one transport to the next), so a shorter warm-up reads its first meetings as a
+    slope. One that dies before `warmup + MIN_SAMPLES` syncs is reported too short to judge, with its life."""
     out: dict[str, dict] = {}
-    first = rows[0]["sync"] if rows else 0
     for r in rows:
         for pid, p in r["resources"]["procs"].items():
             s = out.setdefault(f"{p[0]} {pid}", {"x": [], "rss": [], "fds": [], "threads": []})
             for k, v in zip(("x", "rss", "fds", "threads"), (r["sync"], p[1] / MB, p[2], p[3])):
                 s[k].append(v)
     for s in out.values():
-        s["start"] = warmup if s["x"][0] == first else s["x"][0] + PROCESS_WARMUP
+        s["start"] = s["x"][0] + warmup
     return out
 
 
 def _rss(procs: dict[str, dict], target: float) -> dict:
-    per, short = {}, []
+    per, short = {}, {}
     for name, s in sorted(procs.items()):
         keep = [k for k, x in enumerate(s["x"]) if x >= s["start"]]
         xs, mb = [s["x"][k] for k in keep], [s["rss"][k] for k in keep]
         if len(xs) < MIN_SAMPLES:
-            short.append(name)
+            short[name] = len(s["x"])  # the syncs it lived through
             continue
         slope, ci = slope_ci95(xs, mb)
         within = slope * 100 <= target or (ci is not None and ci[0] <= 0)
@@ -97,13 +97,16 @@ def _rss(procs: dict[str, dict], target: float) -> dict:
 def _levels(rows: list[dict], procs: dict[str, dict], warmup: int) -> dict:
     """How far above its warm-up level each quantity went after warm-up (0 everywhere: it came back every sync).
     The level is the most it held during its warm-up (the process's own, for fds and threads): a server's
-    connections come and go with its clients, a leak climbs past any level."""
+    connections come and go with its clients, a leak climbs past any level. A sample read while an engine was
+    restarting in the background is not judged (`soak/levels_samples_reviving`): the restart's own thread,
+    connections and objects are in flight then, not left behind by a sync; a leak stays and shows in the next."""
     excess: dict[str, float] = {}
+    quiet = {r["sync"] for r in rows if not r.get("reviving")}
 
     def judge(key: str, xs: list, vals: list, start: int) -> None:
         level = max((v for x, v in zip(xs, vals) if x < start and v is not None), default=None)
         for x, v in zip(xs, vals):
-            if level is not None and x >= start and v is not None and v > level:
+            if level is not None and x >= start and x in quiet and v is not None and v > level:
                 excess[key] = max(excess.get(key, 0), v - level)
 
     xs = [r["sync"] for r in rows]
@@ -112,7 +115,8 @@ def _levels(rows: list[dict], procs: dict[str, dict], warmup: int) -> dict:
     for name, s in procs.items():
         for q in ("fds", "threads"):
             judge(f"{q} {name}", s["x"], s[q], s["start"])
-    return {"soak/levels_exceeded": excess, "soak/levels_returned": not excess}
+    return {"soak/levels_exceeded": excess, "soak/levels_returned": not excess,
+            "soak/levels_samples_reviving": sum(r["sync"] >= warmup and r["sync"] not in quiet for r in rows)}
 
 
 def _trends(rows: list[dict], warmup: int) -> dict:
