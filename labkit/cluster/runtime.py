@@ -104,15 +104,30 @@ def reread_ray_config() -> None:
     Config.initialize("")
 
 
-def local_daemons() -> None:
-    """Ray's metrics off for a local cluster (`RAY_enable_metrics_collection=0`, unless the user set it), set in the
-    environment before Ray starts.
+# Ray settings of a local cluster, each unless the user set it (a cluster reached through RAY_ADDRESS keeps its own).
+LOCAL_DAEMONS = {
+    # Metrics: a local cluster runs no dashboard and no Prometheus, so nothing reads them; collecting them grew
+    # Ray's dashboard agent with run time (`labkit soak`, data/soak_cpu.json at 114c90d: the agent's slope).
+    "RAY_enable_metrics_collection": "0",
+    # Task events: no worker reports any. labkit's actors are created with them off (ACTOR_OPTIONS), yet a trainer's
+    # calls into an engine actor during per-tensor syncs were recorded in the GCS, ~3.3 KB each up to Ray's cap of
+    # 100,000 (a soak's GCS log: 0 -> 995 stored in 7 minutes, its memory +4 MB).
+    "RAY_task_events_report_interval_ms": "0",
+    # Ray's log monitor keeps the .out and .err of every worker that ever printed open until it holds this many
+    # files (default 200), then closes them all: two descriptors per restarted actor, ~100 restarts deep. A bound
+    # this small is reached within a soak, so its descriptors are seen to come back.
+    "RAY_LOG_MONITOR_MAX_OPEN_FILES": "32",
+}
 
-    A local cluster runs no dashboard and no Prometheus, so nothing reads them; collecting them grew Ray's
-    dashboard agent with run time (`labkit soak`, data/soak_cpu.json: the agent's slope). A cluster reached
-    through RAY_ADDRESS keeps its own setting."""
-    if os.environ.get("RAY_enable_metrics_collection") is None:
-        os.environ["RAY_enable_metrics_collection"] = "0"
+
+def local_daemons() -> None:
+    """LOCAL_DAEMONS in the environment before a local Ray starts, each unless the user set it."""
+    changed = False
+    for k, v in LOCAL_DAEMONS.items():
+        if os.environ.get(k) is None:
+            os.environ[k] = v
+            changed = True
+    if changed:
         reread_ray_config()
 
 

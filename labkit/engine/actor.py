@@ -233,7 +233,10 @@ class ActorBackend:
             import ray
 
             try:
-                return ray.get(getattr(self.actor, method).remote(*args, **kwargs), timeout=self.timeout_s)
+                # task events off per call: a handle passed to the trainer did not carry the actor's own setting
+                # (labkit.cluster.runtime.LOCAL_DAEMONS says what that cost the GCS)
+                call = getattr(self.actor, method).options(enable_task_events=False)
+                return ray.get(call.remote(*args, **kwargs), timeout=self.timeout_s)
             except ray.exceptions.GetTimeoutError:
                 # As over HTTP: an engine that does not answer in time is wedged (unreachable), not refusing;
                 # the atomic guard then restarts it instead of waiting on it again.

@@ -30,3 +30,28 @@ def test_the_trainer_rank_options_turn_task_events_off():
 
     assert runtime.ACTOR_OPTIONS == {"enable_task_events": False}
     assert "runtime.ACTOR_OPTIONS" in inspect.getsource(group.Trainer.__init__)
+
+
+def test_each_engine_actor_call_turns_task_events_off_itself():
+    """A handle that crossed to another process (the trainer's, for per-tensor syncs) did not keep the actor's
+    setting: the GCS recorded those calls. The backend asks for it on every call."""
+    from labkit.engine.actor import ActorBackend
+
+    seen = {}
+
+    class Method:
+        def options(self, **kw):
+            seen.update(kw)
+            return self
+
+        def remote(self, *a, **k):
+            raise RuntimeError("stop here")
+
+    class Actor:
+        checksums = Method()
+
+    try:
+        ActorBackend(Actor(), 1.0).checksums()
+    except RuntimeError:
+        pass
+    assert seen == {"enable_task_events": False}

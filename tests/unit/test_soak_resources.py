@@ -72,3 +72,12 @@ def test_roles_follow_a_role_by_its_title_and_a_native_daemon_by_its_executable(
     assert resources.role_of(["ray::IDLE"], "python") == "ray IDLE"
     assert resources.role_of(["/x/python", "-m", "sglang.launch_server", "--tp-size", "1"], "python") == "http server"
     assert resources.role_of([], "torch_shm_manager") == "torch_shm_manager"
+
+
+def test_an_object_being_deleted_is_waited_for_and_one_still_held_is_read(monkeypatch):
+    readings = iter([{"bytes": 700_000, "objects": 1}, {"bytes": 0, "objects": 0}])
+    monkeypatch.setattr(resources, "object_store", lambda: next(readings))
+    monkeypatch.setattr(resources.time, "sleep", lambda s: None)
+    assert resources.settled_object_store() == {"bytes": 0, "objects": 0}
+    monkeypatch.setattr(resources, "object_store", lambda: {"bytes": 5, "objects": 1})
+    assert resources.settled_object_store() == {"bytes": 5, "objects": 1}  # held: it stays in the reading

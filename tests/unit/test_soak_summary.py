@@ -132,3 +132,17 @@ def test_levels_are_read_between_syncs_with_no_engine_restart_in_flight():
     assert m["soak/levels_returned"] is True and m["soak/levels_samples_reviving"] == 1
     rows[71]["resources"]["store_bytes"] = 1  # still there once the restart is done: a leak
     assert _sum(rows)["soak/levels_exceeded"] == {"store_bytes": 1}
+
+
+def test_a_cache_with_a_cap_of_its_own_is_judged_against_the_cap():
+    """Ray's log monitor holds two more descriptors per worker started until it reaches its cap, then closes all."""
+    rows = _rows()
+    for r in rows:
+        r["resources"]["procs"][500] = ["ray log_monitor", 100 * MB, 25 + 2 * (r["sync"] // 10) % 32, 15]
+    bounds = {"fds ray log_monitor": 32}
+    m = summarize(rows, SERVING, {"trainer": 0}, CFG, 1.0, 2.0, bounds)
+    assert m["soak/levels_returned"] is True and m["soak/levels_bounded"]["fds ray log_monitor 500"]["cap"] == 32
+    assert _sum(rows)["soak/levels_exceeded"].get("fds ray log_monitor 500", 0) > 0  # without the cap: a leak
+    for r in rows:
+        r["resources"]["procs"][500][2] = 25 + r["sync"]  # past the cap: a leak either way
+    assert summarize(rows, SERVING, {"trainer": 0}, CFG, 1.0, 2.0, bounds)["soak/levels_returned"] is False

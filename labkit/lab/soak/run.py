@@ -281,7 +281,8 @@ def run(cfg: SoakConfig | None = None, on_row=None) -> dict:
             soak.close()
         rows = log.rows()
         log.close()
-    out = summarize(rows, serving, restarts, cfg, startup_s, time.perf_counter() - t_start)
+    caps = {"fds ray log_monitor": int(os.environ.get("RAY_LOG_MONITOR_MAX_OPEN_FILES", "200"))}
+    out = summarize(rows, serving, restarts, cfg, startup_s, time.perf_counter() - t_start, caps)
     if aborted:
         out.update({"soak/aborted": aborted, "soak/ok": False, "soak/targets_met": False})
     return out

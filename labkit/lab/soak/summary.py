@@ -94,10 +94,12 @@ def _rss(procs: dict[str, dict], target: float) -> dict:
             "soak/rss_within_target": all(v["within"] for v in per.values())}
 
 
-def _levels(rows: list[dict], procs: dict[str, dict], warmup: int) -> dict:
+def _levels(rows: list[dict], procs: dict[str, dict], warmup: int, bounds: dict[str, int]) -> dict:
     """How far above its warm-up level each quantity went after warm-up (0 everywhere: it came back every sync).
     The level is the most it held during its warm-up (the process's own, for fds and threads): a server's
-    connections come and go with its clients, a leak climbs past any level. A sample read while an engine was
+    connections come and go with its clients, a leak climbs past any level. A quantity with a cap of its own
+    (`bounds`, "fds <role>": Ray's log monitor keeps up to RAY_LOG_MONITOR_MAX_OPEN_FILES files open) is judged
+    against its least plus that cap instead (`soak/levels_bounded`). A sample read while an engine was
     restarting in the background is not judged (`soak/levels_samples_reviving`): the restart's own thread,
     connections and objects are in flight then, not left behind by a sync; a leak stays and shows in the next."""
     excess: dict[str, float] = {}
@@ -112,10 +114,18 @@ def _levels(rows: list[dict], procs: dict[str, dict], warmup: int) -> dict:
     xs = [r["sync"] for r in rows]
     for q in ("shm_files", "store_bytes"):
         judge(q, xs, [r["resources"][q] for r in rows], warmup)
+    bounded = {}
     for name, s in procs.items():
         for q in ("fds", "threads"):
-            judge(f"{q} {name}", s["x"], s[q], s["start"])
-    return {"soak/levels_exceeded": excess, "soak/levels_returned": not excess,
+            cap = bounds.get(f"{q} {name.rsplit(' ', 1)[0]}")
+            if cap is None:
+                judge(f"{q} {name}", s["x"], s[q], s["start"])
+                continue
+            least, most = min(s[q]), max(s[q])
+            bounded[f"{q} {name}"] = {"cap": cap, "least": least, "most": most}
+            if most > least + cap:
+                excess[f"{q} {name}"] = most - least - cap
+    return {"soak/levels_exceeded": excess, "soak/levels_returned": not excess, "soak/levels_bounded": bounded,
             "soak/levels_samples_reviving": sum(r["sync"] >= warmup and r["sync"] not in quiet for r in rows)}
 
 
@@ -180,7 +190,8 @@ def _private(rows: list[dict]) -> dict:
     return out
 
 
-def summarize(rows: list[dict], serving: dict, restarts: dict, cfg, startup_s: float, wall_s: float) -> dict:
+def summarize(rows: list[dict], serving: dict, restarts: dict, cfg, startup_s: float, wall_s: float,
+              bounds: dict[str, int] | None = None) -> dict:
     clean = [r for r in rows if "fault" not in r]
     out = {"soak/minutes": cfg.minutes, "soak/seed": cfg.seed, "soak/warmup": cfg.warmup,
            "soak/syncs": len(rows), "soak/syncs_verified": sum(r["verified"] for r in rows),
@@ -203,7 +214,7 @@ def summarize(rows: list[dict], serving: dict, restarts: dict, cfg, startup_s: f
     if judged:  # slopes and levels need samples past warm-up: a short run reports them not judged
         procs = processes(rows, cfg.warmup)
         out.update(_rss(procs, cfg.rss_mb_per_100))
-        out.update(_levels(rows, procs, cfg.warmup))
+        out.update(_levels(rows, procs, cfg.warmup, bounds or {}))
         out.update(_trends(rows, cfg.warmup))
     out.update(_acceptance(rows))
     out["soak/ok"] = verdict(out, judged)
