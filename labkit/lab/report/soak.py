@@ -68,4 +68,24 @@ def soak_table(run: dict) -> list[str]:
                  f"{r['soak/trainer_restarts']}; engine revivals {r['soak/engine_revivals']} "
                  f"({r['soak/engine_restarts']} restarted, in the background while the other engine took syncs; "
                  f"the slowest {r['soak/revive_s_max']:.0f} s).")
+    if r.get("soak/leaks_judged"):
+        lines += ["", *_processes(r)]
+    return lines
+
+
+def _processes(r: dict, top: int = 8) -> list[str]:
+    """The judged processes, fastest-growing first, and what was not judged and why."""
+    per = sorted(r["soak/rss_per_process"].items(), key=lambda kv: -kv[1]["mb_per_100"])
+    lines = md_head(["process", "MB per 100 syncs [95 % interval]", "from sync", "samples", "within"])
+    for name, v in per[:top]:
+        lo, hi = v["ci95"] or (float("nan"), float("nan"))
+        lines.append(_row([name, f"{v['mb_per_100']:+.2f} [{lo:+.2f}, {hi:+.2f}]", v["from_sync"], v["samples"],
+                           _yes(v["within"])]))
+    short = r.get("soak/rss_too_short") or {}
+    lines += ["", f"{len(per)} processes judged, the {min(top, len(per))} fastest-growing above; "
+              f"{len(short)} lived too few syncs past their own warm-up to judge (restarted by faults, and their "
+              f"children). Levels: {r.get('soak/levels_samples_reviving', 0)} readings taken while an engine "
+              f"restarted in the background were set aside; capped caches: "
+              + (", ".join(f"{k} (cap {v['cap']}, held {v['least']} to {v['most']})"
+                           for k, v in (r.get("soak/levels_bounded") or {}).items()) or "none") + "."]
     return lines

@@ -269,7 +269,6 @@ def run(cfg: SoakConfig | None = None, on_row=None) -> dict:
             bar.set_postfix_str(f"{st.transport} {st.fault.kind if st.fault else ''}".strip())
             if on_row is not None:
                 on_row(row)
-            del row
         bar.close()
         try:
             soak.revive_fenced(wait=True)  # every engine back before the run is judged and closed
@@ -279,10 +278,9 @@ def run(cfg: SoakConfig | None = None, on_row=None) -> dict:
     finally:
         if soak is not None:
             soak.close()
-        rows = log.rows()
-        log.close()
-    caps = {"fds ray log_monitor": int(os.environ.get("RAY_LOG_MONITOR_MAX_OPEN_FILES", "200"))}
-    out = summarize(rows, serving, restarts, cfg, startup_s, time.perf_counter() - t_start, caps)
+        rows, _ = log.rows(), log.close()
+    out = summarize(rows, serving, restarts, cfg, startup_s, time.perf_counter() - t_start,
+                    {"fds ray log_monitor": int(os.environ.get("RAY_LOG_MONITOR_MAX_OPEN_FILES", "200"))})
     if aborted:
         out.update({"soak/aborted": aborted, "soak/ok": False, "soak/targets_met": False})
     return out
