@@ -19,19 +19,17 @@ class RowLog:
     resource sample into strings; the summary names a process "role pid" either way."""
 
     def __init__(self, path: str | Path | None = None):
+        self._own = path is None
         if path is None:
             fd, path = tempfile.mkstemp(prefix="labkit_soak_rows_", suffix=".jsonl")
-            open(fd).close()
-            self._own = True
+            self._f = open(fd, "w", encoding="utf-8")
         else:
-            self._own = False
-        self.path, self.count = Path(path), 0
-        self._f = open(self.path, "w", encoding="utf-8")
+            self._f = open(path, "w", encoding="utf-8")
+        self.path = Path(path)
 
     def append(self, row: dict) -> None:
         self._f.write(json.dumps(row, separators=(",", ":")) + "\n")
         self._f.flush()
-        self.count += 1
 
     def rows(self) -> list[dict]:
         self._f.flush()
