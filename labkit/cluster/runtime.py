@@ -117,6 +117,11 @@ LOCAL_DAEMONS = {
     # files (default 200), then closes them all: two descriptors per restarted actor, ~100 restarts deep. A bound
     # this small is reached within a soak, so its descriptors are seen to come back.
     "RAY_LOG_MONITOR_MAX_OPEN_FILES": "32",
+    # gRPC's event-engine pool in the GCS and the raylet: it starts at 2-3 threads, adds two when calls pile up and
+    # keeps them (a thread exits only after 30 s idle, which a busy daemon never is), so a long run shows a level
+    # that steps up once at a random sync. Started at 4 it begins where a burst takes it and stays there
+    # (data/soak_grpc_threads4_cpu.json: GCS 28 and raylet 31 threads from the first sync to the last).
+    "RAY_num_grpc_internal_threads": "4",
 }
 
 

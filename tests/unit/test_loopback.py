@@ -85,7 +85,7 @@ def test_a_local_start_never_attaches_to_a_stale_ray_start_cluster(monkeypatch):
     assert seen.get("address") == "local" and seen.get("_node_ip_address") == "127.0.0.1", seen
 
 
-def test_a_local_cluster_collects_no_metrics_or_task_events_and_bounds_the_log_monitor_unless_the_user_asks(
+def test_a_local_cluster_collects_no_metrics_or_task_events_and_bounds_the_log_monitor_and_grpc_pool_unless_asked(
         monkeypatch):
     from labkit.cluster import runtime
 
@@ -97,6 +97,7 @@ def test_a_local_cluster_collects_no_metrics_or_task_events_and_bounds_the_log_m
     assert os.environ["RAY_enable_metrics_collection"] == "0" and reread == [""]
     assert os.environ["RAY_task_events_report_interval_ms"] == "0"
     assert os.environ["RAY_LOG_MONITOR_MAX_OPEN_FILES"] == "32"
+    assert os.environ["RAY_num_grpc_internal_threads"] == "4"
     monkeypatch.setenv("RAY_enable_metrics_collection", "1")
     monkeypatch.setenv("RAY_task_events_report_interval_ms", "1000")
     runtime.local_daemons()

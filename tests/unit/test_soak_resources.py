@@ -81,3 +81,33 @@ def test_an_object_being_deleted_is_waited_for_and_one_still_held_is_read(monkey
     assert resources.settled_object_store() == {"bytes": 0, "objects": 0}
     monkeypatch.setattr(resources, "object_store", lambda: {"bytes": 5, "objects": 1})
     assert resources.settled_object_store() == {"bytes": 5, "objects": 1}  # held: it stays in the reading
+
+
+STORE = """
+import mmap, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+os.ftruncate(fd, 32 << 20)
+arena = mmap.mmap(fd, 32 << 20)  # mapped like Ray's plasma arena: a shared file under /dev/shm
+for i in range(0, 16 << 20, 4096):  # half of it read
+    arena[i]
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_the_object_store_pages_a_process_maps_are_counted_apart(tmp_path):
+    shm = resources.SHM if resources.SHM.is_dir() else tmp_path
+    path = shm / f"plasma_labkit_test_{os.getpid()}"
+    child = subprocess.Popen([sys.executable, "-c", STORE, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        seen = {p["pid"]: p for p in resources.processes([child.pid])}[child.pid]
+        assert 16 << 20 <= seen["store_pages_bytes"] < 20 << 20 <= seen["rss_bytes"]
+        assert resources.store_pages(os.getpid()) == 0  # this process maps no store
+    finally:
+        child.stdin.write("\n")
+        child.stdin.flush()
+        child.wait(timeout=30)
+        path.unlink(missing_ok=True)
+    assert resources.store_pages(child.pid) == 0  # gone: nothing, not an error

@@ -146,3 +146,18 @@ def test_a_cache_with_a_cap_of_its_own_is_judged_against_the_cap():
     for r in rows:
         r["resources"]["procs"][500][2] = 25 + r["sync"]  # past the cap: a leak either way
     assert summarize(rows, SERVING, {"trainer": 0}, CFG, 1.0, 2.0, bounds)["soak/levels_returned"] is False
+
+
+def test_pages_of_ray_object_store_a_process_maps_are_not_its_growth():
+    """The driver reads objects from Ray's shared arena: each page it touches stays in its RSS, bounded by the store
+    (labkit.lab.soak.resources.store_pages). Those pages are set aside; the same growth held by the process fails."""
+    rows = _rows(grow_mb=3.0)
+    for r in rows:  # all of the driver's growth is store pages (and stays there)
+        p = r["resources"]["procs"][100]
+        p += [0, int(3.0 * r["sync"] / 100 * MB)]
+    m = _sum(rows)
+    assert m["soak/rss_within_target"] is True and m["soak/ok"] is True
+    assert m["soak/series"]["store_pages_mb"]["driver 100"][-1][1] == pytest.approx(3.0 * 119 / 100, abs=0.01)
+    for r in rows:
+        r["resources"]["procs"][100][5] = 0  # the same growth, none of it the store's: a leak
+    assert _sum(rows)["soak/rss_within_target"] is False

@@ -117,6 +117,7 @@ class Soak:
                "error": (m.get("sync/error") or (str(err) if err else None) or "")[:200] or None}
         if armed is not None:
             row["fault"] = self._settle_fault(st, armed, err)
+            allocator.trim()  # the fault harness's garbage (its killer, the proofs, a failed sync's traceback)
         steps_s["sync"] = lap()
         row["in_flight"] = self.load.settle((t0, t1))  # labkit requests that overlapped the sync
         steps_s["settle"] = lap()
@@ -239,7 +240,8 @@ def where(e: BaseException, frames: int = 4) -> str:
 def compact(sample: dict) -> dict:
     """A resource sample in the few numbers the summary reads (a soak keeps one per sync)."""
     store = sample["object_store"] or {}
-    return {"procs": {p["pid"]: [p["role"], p["rss_bytes"], p["fds"], p["threads"], p["shared_bytes"]]
+    return {"procs": {p["pid"]: [p["role"], p["rss_bytes"], p["fds"], p["threads"], p["shared_bytes"],
+                                 p["store_pages_bytes"]]
                       for p in sample["processes"]},
             "shm_files": sample["shm"]["files"], "shm_bytes": sample["shm"]["bytes"],
             "store_bytes": store.get("bytes")}

@@ -19,6 +19,12 @@ from labkit.lab.bench.serve import OUTCOMES, _check
 from labkit.models.tokenizer import EOS, decode
 
 KEEP_VERSIONS = 4  # references kept: the served version and the few before it
+# Seconds the OpenAI client keeps an idle connection for its next request. SGLang's server closes one idle for 5 s
+# (SGLANG_TIMEOUT_KEEP_ALIVE), the same as httpx's default expiry: a request sent on a connection the server is
+# closing at that moment is lost as `APIConnectionError: Connection error.` (1 of 1,430 in
+# data/soak_grpc_threads4_cpu.json; the load idles for seconds between syncs). Expiring first on the client's side
+# leaves no such moment.
+KEEPALIVE_S = 2.0
 
 
 class OpenAIClient(threading.Thread):
@@ -29,9 +35,13 @@ class OpenAIClient(threading.Thread):
 
     def __init__(self, url: str, texts: list[str], max_tokens: int, timeout_s: float):
         super().__init__(daemon=True)
+        import httpx
         import openai
 
-        self.client = openai.OpenAI(base_url=url + "/v1", api_key="unused", timeout=timeout_s, max_retries=0)
+        # no retries: a request the server drops is counted as failed, not sent again
+        http = httpx.Client(limits=httpx.Limits(max_connections=4, keepalive_expiry=KEEPALIVE_S), timeout=timeout_s)
+        self.client = openai.OpenAI(base_url=url + "/v1", api_key="unused", timeout=timeout_s, max_retries=0,
+                                    http_client=http)
         self.texts, self.max_tokens = texts, max_tokens
         self.go, self.stop, self.idle = threading.Event(), threading.Event(), threading.Event()
         self.idle.set()
@@ -176,3 +186,4 @@ class Load:
         self.openai.stop.set()
         self.openai.go.set()
         self.openai.join(timeout=self.cfg.timeout_s * 3)
+        self.openai.client.close()

@@ -6,7 +6,8 @@ Definitions (each a `soak/*` key):
 - mixed_responses: a labkit client response whose tokens are not its reported version's greedy output
   (labkit.lab.bench.serve.classify); refused: one aborted by a pause;
 - rss: per process with `MIN_SAMPLES` samples after its warm-up (`processes`), the least-squares slope of resident
-  MB over syncs, per 100 syncs, with its 95 % interval; within target when the slope is at most
+  MB (less the pages of Ray's object store it maps, labkit.lab.soak.resources.store_pages) over syncs, per 100
+  syncs, with its 95 % interval; within target when the slope is at most
   `cfg.rss_mb_per_100`, or its interval includes 0 (no growth shown: a short run's noise alone never fails it).
   `inconclusive` names a process that passes with an interval reaching past the target: too short a run to rule
   that growth out;
@@ -22,7 +23,10 @@ from collections import Counter
 
 from labkit.lab.soak.trend import slope_ci95, trend
 
-MIN_SAMPLES = 10  # a process with fewer samples after its warm-up (restarted late) has no slope to judge
+# A process with fewer samples after its warm-up (restarted late) has no slope to judge: the target is per 100 syncs,
+# and a slope from fewer than 30 extrapolates more than 3x (data/soak_cpu.json at bcf5e06: an engine actor judged on
+# 12 samples, +0.3 MB over them, read as +2.48 MB per 100 syncs).
+MIN_SAMPLES = 30
 MB = 2**20
 
 
@@ -66,11 +70,18 @@ def processes(rows: list[dict], warmup: int) -> dict[str, dict]:
     for r in rows:
         for pid, p in r["resources"]["procs"].items():
             s = out.setdefault(f"{p[0]} {pid}", {"x": [], "rss": [], "fds": [], "threads": []})
-            for k, v in zip(("x", "rss", "fds", "threads"), (r["sync"], p[1] / MB, p[2], p[3])):
+            for k, v in zip(("x", "rss", "fds", "threads"), (r["sync"], _own(p) / MB, p[2], p[3])):
                 s[k].append(v)
     for s in out.values():
         s["start"] = s["x"][0] + warmup
     return out
+
+
+def _own(p: list) -> int:
+    """A process's resident bytes less the pages of Ray's object store it maps (p[5] where sampled): the arena's
+    pages stay resident in every process that ever read them, bounded by the store, whose bytes are judged apart
+    (`store_bytes`)."""
+    return p[1] - (p[5] if len(p) > 5 else 0)
 
 
 def _rss(procs: dict[str, dict], target: float) -> dict:
@@ -164,7 +175,8 @@ def series(rows: list[dict]) -> dict:
             "transport": [r["transport"] for r in rows], "rss_mb": procs,
             "shm_files": [r["resources"]["shm_files"] for r in rows],
             "store_bytes": [r["resources"]["store_bytes"] for r in rows],
-            "private_mb": _private(rows), "fds": _changes(rows, 2), "threads": _changes(rows, 3)}
+            "private_mb": _private(rows), "fds": _changes(rows, 2), "threads": _changes(rows, 3),
+            "store_pages_mb": _store_pages(rows)}
 
 
 def _changes(rows: list[dict], k: int) -> dict:
@@ -177,6 +189,18 @@ def _changes(rows: list[dict], k: int) -> dict:
             if not s or s[-1][1] != p[k]:
                 s.append([r["sync"], p[k]])
     return out
+
+
+def _store_pages(rows: list[dict]) -> dict:
+    """Per process that maps Ray's object store, [sync, MB] of its resident store pages where they changed."""
+    out: dict[str, list] = {}
+    for r in rows:
+        for pid, p in r["resources"]["procs"].items():
+            mb = round(p[5] / MB, 2) if len(p) > 5 else 0.0
+            s = out.setdefault(f"{p[0]} {pid}", [])
+            if (s and s[-1][1] != mb) or (not s and mb):
+                s.append([r["sync"], mb])
+    return {k: v for k, v in out.items() if v}
 
 
 def _private(rows: list[dict]) -> dict:
