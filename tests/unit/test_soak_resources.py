@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from labkit.lab.soak import resources
 
 CHILD = """
@@ -92,6 +94,10 @@ for i in range(0, 16 << 20, 4096):  # half of it read
     arena[i]
 print("ready", flush=True)
 sys.stdin.readline()
+for i in range(16 << 20, 24 << 20, 4096):  # then more of it
+    arena[i]
+print("ready", flush=True)
+sys.stdin.readline()
 """
 
 
@@ -102,9 +108,18 @@ def test_the_object_store_pages_a_process_maps_are_counted_apart(tmp_path):
                              text=True)
     try:
         assert child.stdout.readline().strip() == "ready"
-        seen = {p["pid"]: p for p in resources.processes([child.pid])}[child.pid]
+        store = resources.StorePages()
+        seen = {p["pid"]: p for p in resources.processes([child.pid], store)}[child.pid]
         assert 16 << 20 <= seen["store_pages_bytes"] < 20 << 20 <= seen["rss_bytes"]
         assert resources.store_pages(os.getpid()) == 0  # this process maps no store
+        with pytest.MonkeyPatch.context() as mp:  # the same shared pages: the reading kept, smaps not read
+            mp.setattr(resources, "store_pages", lambda pid: pytest.fail("smaps read again, nothing changed"))
+            assert store(child.pid, seen["shared_bytes"]) == seen["store_pages_bytes"]
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "ready"
+        again = {p["pid"]: p for p in resources.processes([child.pid], store)}[child.pid]
+        assert 24 << 20 <= again["store_pages_bytes"] < 28 << 20  # its shared pages changed: read again
     finally:
         child.stdin.write("\n")
         child.stdin.flush()

@@ -130,8 +130,20 @@ def test_levels_are_read_between_syncs_with_no_engine_restart_in_flight():
     rows[70]["resources"]["store_bytes"], rows[70]["reviving"] = 113 * MB, [1]  # the restart's objects in flight
     m = _sum(rows)
     assert m["soak/levels_returned"] is True and m["soak/levels_samples_reviving"] == 1
-    rows[71]["resources"]["store_bytes"] = 1  # still there once the restart is done: a leak
+    for r in rows[71:]:
+        r["resources"]["store_bytes"] = 1  # still there once the restart is done: a leak
     assert _sum(rows)["soak/levels_exceeded"] == {"store_bytes": 1}
+
+
+def test_a_level_above_at_one_reading_and_back_at_the_next_was_in_flight_not_kept():
+    """A daemon polling on its own timer holds a connection for a moment, and a reading can land on it."""
+    rows = _rows()
+    rows[80]["resources"]["procs"][200][2] = 34  # the scheduler's 30 descriptors, +4 at one reading
+    assert _sum(rows)["soak/levels_returned"] is True
+    rows[81]["resources"]["procs"][200][2] = 32  # still +2 at the next: kept
+    assert _sum(rows)["soak/levels_exceeded"] == {"fds scheduler 200": 2}
+    rows[-1]["resources"]["store_bytes"] = 5  # above at the last reading: nothing after it says it came back
+    assert _sum(rows)["soak/levels_exceeded"]["store_bytes"] == 5
 
 
 def test_a_cache_with_a_cap_of_its_own_is_judged_against_the_cap():

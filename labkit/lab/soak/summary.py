@@ -112,15 +112,19 @@ def _levels(rows: list[dict], procs: dict[str, dict], warmup: int, bounds: dict[
     (`bounds`, "fds <role>": Ray's log monitor keeps up to RAY_LOG_MONITOR_MAX_OPEN_FILES files open) is judged
     against its least plus that cap instead (`soak/levels_bounded`). A sample read while an engine was
     restarting in the background is not judged (`soak/levels_samples_reviving`): the restart's own thread,
-    connections and objects are in flight then, not left behind by a sync; a leak stays and shows in the next."""
+    connections and objects are in flight then, not left behind by a sync; a leak stays and shows in the next.
+    For the same reason a reading above the level counts only when the next judged reading is above it too: Ray's
+    dashboard and its agent poll on timers of their own, and a connection they hold open for a moment can land on
+    a reading (data/soak_store_pages_cpu.json: the agent +3 descriptors at sync 233, back at 234)."""
     excess: dict[str, float] = {}
     quiet = {r["sync"] for r in rows if not r.get("reviving")}
 
     def judge(key: str, xs: list, vals: list, start: int) -> None:
         level = max((v for x, v in zip(xs, vals) if x < start and v is not None), default=None)
-        for x, v in zip(xs, vals):
-            if level is not None and x >= start and x in quiet and v is not None and v > level:
-                excess[key] = max(excess.get(key, 0), v - level)
+        read = [v for x, v in zip(xs, vals) if level is not None and x >= start and x in quiet and v is not None]
+        for v, after in zip(read, [*read[1:], None]):  # kept: still above at the next reading (or the last one)
+            if v > level and (after is None or after > level):
+                excess[key] = max(excess.get(key, 0), min(v, after if after is not None else v) - level)
 
     xs = [r["sync"] for r in rows]
     for q in ("shm_files", "store_bytes"):
