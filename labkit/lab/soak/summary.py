@@ -123,8 +123,9 @@ def _levels(rows: list[dict], procs: dict[str, dict], warmup: int, bounds: dict[
         level = max((v for x, v in zip(xs, vals) if x < start and v is not None), default=None)
         read = [v for x, v in zip(xs, vals) if level is not None and x >= start and x in quiet and v is not None]
         for v, after in zip(read, [*read[1:], None]):  # kept: still above at the next reading (or the last one)
-            if v > level and (after is None or after > level):
-                excess[key] = max(excess.get(key, 0), min(v, after if after is not None else v) - level)
+            kept = v if after is None else min(v, after)
+            if kept > level:
+                excess[key] = max(excess.get(key, 0), kept - level)
 
     xs = [r["sync"] for r in rows]
     for q in ("shm_files", "store_bytes"):
@@ -180,31 +181,20 @@ def series(rows: list[dict]) -> dict:
             "shm_files": [r["resources"]["shm_files"] for r in rows],
             "store_bytes": [r["resources"]["store_bytes"] for r in rows],
             "private_mb": _private(rows), "fds": _changes(rows, 2), "threads": _changes(rows, 3),
-            "store_pages_mb": _store_pages(rows)}
+            "store_pages_mb": {k: v for k, v in _changes(rows, 5, 1 / MB).items() if any(mb for _, mb in v)}}
 
 
-def _changes(rows: list[dict], k: int) -> dict:
-    """Per process, [sync, value] of field `k` (2: fds, 3: threads) where it changed (and its first): a descriptor
-    that stays open shows as a step, beside the fault before it."""
+def _changes(rows: list[dict], k: int, scale: float = 1.0) -> dict:
+    """Per process, [sync, value] of field `k` (2: fds, 3: threads, 5: store pages, read as MB with `scale`) where
+    it changed (and its first): a descriptor that stays open shows as a step, beside the fault before it."""
     out: dict[str, list] = {}
     for r in rows:
         for pid, p in r["resources"]["procs"].items():
+            v = (p[k] if scale == 1.0 else round(p[k] * scale, 2)) if len(p) > k else 0
             s = out.setdefault(f"{p[0]} {pid}", [])
-            if not s or s[-1][1] != p[k]:
-                s.append([r["sync"], p[k]])
+            if not s or s[-1][1] != v:
+                s.append([r["sync"], v])
     return out
-
-
-def _store_pages(rows: list[dict]) -> dict:
-    """Per process that maps Ray's object store, [sync, MB] of its resident store pages where they changed."""
-    out: dict[str, list] = {}
-    for r in rows:
-        for pid, p in r["resources"]["procs"].items():
-            mb = round(p[5] / MB, 2) if len(p) > 5 else 0.0
-            s = out.setdefault(f"{p[0]} {pid}", [])
-            if (s and s[-1][1] != mb) or (not s and mb):
-                s.append([r["sync"], mb])
-    return {k: v for k, v in out.items() if v}
 
 
 def _private(rows: list[dict]) -> dict:
