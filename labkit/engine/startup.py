@@ -13,7 +13,7 @@ from labkit.cluster.placement import Placement, PlacementSpec, layout
 from labkit.engine.config import EngineConfig
 from labkit.engine.handle import EngineHandle
 
-__all__ = ["place", "start_beside", "start_engines"]
+__all__ = ["place", "start_beside", "start_each", "start_engines"]
 
 T = TypeVar("T")
 
@@ -36,16 +36,23 @@ def start_engines(cfg: EngineConfig, placement: Placement | None = None, n: int 
     Every engine that started is appended to `started` (returned; pass your own list to keep it when another one
     fails), so that the caller can stop it; then the first failure is raised.
     """
+    return start_each([cfg] * n, placement, started)
+
+
+def start_each(cfgs: list[EngineConfig], placement: Placement | None = None,
+               started: list | None = None) -> list[EngineHandle]:
+    """Engine i from `cfgs[i]` in the placement's bundle "engine:i", as `start_engines` starts its `n` (the MTP
+    experiment's plain engine beside its speculative twin)."""
     started = [] if started is None else started
 
     def strategy(i: int):
-        return None if cfg.url or placement is None else placement.strategy(f"engine:{i}")
+        return None if cfgs[i].url or placement is None else placement.strategy(f"engine:{i}")
 
-    if n == 1:
-        started.append(EngineHandle.start(cfg, strategy(0)))
+    if len(cfgs) == 1:
+        started.append(EngineHandle.start(cfgs[0], strategy(0)))
         return started
-    with ThreadPoolExecutor(n, thread_name_prefix="labkit-start") as pool:
-        starts = [pool.submit(EngineHandle.start, cfg, strategy(i)) for i in range(n)]
+    with ThreadPoolExecutor(len(cfgs), thread_name_prefix="labkit-start") as pool:
+        starts = [pool.submit(EngineHandle.start, c, strategy(i)) for i, c in enumerate(cfgs)]
     started.extend(f.result() for f in starts if f.exception() is None)
     for f in starts:
         if f.exception() is not None:

@@ -33,9 +33,9 @@ from typing import Literal, get_args
 
 from labkit.config import ParallelSpec, TrainConfig, check
 from labkit.cluster.placement import PlacementSpec
-from labkit.engine import EngineConfig, EngineHandle
+from labkit.engine import EngineConfig
 from labkit.engine.config import SpeculativeConfig
-from labkit.engine.startup import place, start_engines
+from labkit.engine.startup import place, start_each
 from labkit.models.hf import read_config_json
 from labkit.models.tiny import default_model_dir
 from labkit.mtp import engine_accept, rl, summary, warmup
@@ -237,12 +237,10 @@ def run(cfg: ExperimentConfig | None = None, *, quick: bool = False, model_dir: 
     engines: list = []
     try:
         plain = EngineConfig(model_dir=model_dir, dtype="float32", max_total_tokens=8192, mem_fraction_static=0.05)
-        engine = start_engines(plain, placement, started=engines)[0]
-        spec_engine = None
-        if speculative:  # the same engine with SGLang's speculative decoding, the MTP layer as its draft
-            spec_cfg = replace(plain, speculative=SpeculativeConfig(num_steps=cfg.k, num_draft_tokens=cfg.k + 1))
-            spec_engine = EngineHandle.start(spec_cfg, placement.strategy("engine:1"))
-            engines.append(spec_engine)
+        # with --spec engine, beside it the same engine with SGLang's speculative decoding, its MTP layer the draft
+        spec_cfg = replace(plain, speculative=SpeculativeConfig(num_steps=cfg.k, num_draft_tokens=cfg.k + 1))
+        engine, spec_engine = (start_each([plain, spec_cfg] if speculative else [plain], placement, engines)
+                               + [None])[:2]
         runs = [run_seed(seed, engine, placement, model_dir, cfg, task, progress, spec_engine) for seed in cfg.seeds]
     finally:
         for e in engines:
