@@ -59,6 +59,12 @@ def cmd_demo(args) -> int:
     return code
 
 
+def placement_of(args) -> PlacementSpec:
+    """`labkit sync`'s placement flags, as the PlacementSpec a Workbench is placed by (validated on construction)."""
+    return PlacementSpec(mode=args.placement, trainer_resource=args.trainer_resource,
+                         engine_resource=args.engine_resource, engines=args.engines)
+
+
 def cmd_sync(args) -> int:
     from labkit.sync.atomic import SyncFailed
     from labkit.workbench import Workbench
@@ -68,8 +74,7 @@ def cmd_sync(args) -> int:
     cfg = SyncConfig(transport=args.transport, bucket_mb=args.bucket_mb, memory_budget_mb=args.memory_budget_mb,
                      verify=args.verify, probe=args.probe, probe_kl_max=args.probe_kl_max, progress=not args.json)
     parallel = ParallelSpec(tp=args.tp, pp=args.pp, ep=args.ep)
-    where = PlacementSpec(mode=args.placement, trainer_resource=args.trainer_resource,
-                          engine_resource=args.engine_resource, engines=args.engines)
+    where = placement_of(args)
     engine = default_engine(model_of(args), tp=args.engine_tp, **({"dtype": args.engine_dtype} if args.engine_dtype
                                                                   else {}))
     with Workbench(model_of(args), parallel, engine_cfg=engine, engine_url=args.engine_url, placement=where) as wb:

@@ -1,6 +1,7 @@
 """A driver for tests/integration/test_multinode.py, run as its own process against RAY_ADDRESS (the test
 session's pytest process is attached to its own local Ray). Trainer on the `trainer` node, two engines on the
-`engine` node. Prints one JSON object of facts; the test asserts on them."""
+`engine` node: a colocated sync refused, one broadcast into both, then one with engine 1 crashing mid-sync. Prints
+one JSON object of facts; the test asserts on them."""
 
 import json
 import sys
@@ -26,6 +27,10 @@ def main() -> dict:
             out["colocated"] = str(e)
         out["unchanged_after_refusal"] = [e.checksums() for e in wb.engines] == before
         out["versions_after_refusal"] = [e.weight_version for e in wb.engines]
+        wb.train(1, batch_size=8, progress=False)
+        m = wb.sync(SyncConfig(transport="distributed", **CFG), weight_version="r1")  # one broadcast, both engines
+        out["broadcast"] = {k: v for k, v in m.items() if k.startswith(("sync/", "timing/sync/engine/"))}
+        out["greedy_after_broadcast"] = wb.compare_greedy().metrics["rollout/greedy_match"]
         wb.train(1, batch_size=8, progress=False)
         fpt.arm_in_actor(wb.engines[1]._actor, "engine.apply", "crash", 2, match=".k_proj.")  # exits mid-sync
         m = wb.sync(SyncConfig(transport="distributed", **CFG), weight_version="r2")

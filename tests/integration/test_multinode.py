@@ -1,6 +1,7 @@
 """Trainer and engine on different Ray nodes (issue 18): a cluster of several raylets on this host
 (labkit.cluster.local: all on 127.0.0.1, token auth, each node with its own custom resource), reached the way a
-user reaches a real cluster, through RAY_ADDRESS, by the `labkit sync` command line.
+user reaches a real cluster, through RAY_ADDRESS (`labkit sync --placement disaggregated --trainer-resource ...`
+builds the same PlacementSpec from its flags: tests/unit).
 
 The cluster runs in its own process (the test session's own local Ray keeps running beside it); each command
 is a fresh driver process that attaches to it.
@@ -21,7 +22,7 @@ from tests.integration.test_loopback import _join
 
 pytestmark = pytest.mark.integration
 
-PINS = ["--placement", "disaggregated", "--trainer-resource", "trainer", "--engine-resource", "engine"]
+
 
 
 @pytest.fixture(scope="module")
@@ -45,13 +46,6 @@ def cluster():
         assert not alive, f"the launcher left {[p.name() for p in alive]} running"
 
 
-def _labkit(env: dict, *args: str, timeout: int = 420) -> tuple[subprocess.CompletedProcess, dict]:
-    r = subprocess.run([sys.executable, "-m", "labkit.cli", *args, "--steps", "1", "--json"], env=env,
-                       capture_output=True, text=True, timeout=timeout)
-    lines = [x for x in r.stdout.splitlines() if x.startswith("{")]
-    return r, json.loads(lines[-1]) if lines else {}
-
-
 def test_the_nodes_listen_on_loopback_and_want_the_token(cluster):
     env, proc = cluster
     found = loopback.listeners(proc.pid)  # the launcher and every node's processes
@@ -62,28 +56,25 @@ def test_the_nodes_listen_on_loopback_and_want_the_token(cluster):
     assert "JOINED" not in _join(address, stranger).stdout
 
 
-def test_one_broadcast_reaches_two_engines_on_another_node_and_both_verify(cluster):
-    """Trainer pinned to one node, two engines to the other (`labkit sync --engines 2`); the rendezvous is the
-    trainer node's address as Ray reports it. One weight-update group of both engines, each verified bitwise;
-    the engine then answers greedy prompts as the trainer does."""
-    r, m = _labkit(cluster[0], "sync", "--transport", "distributed", "--engines", "2", *PINS)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert m["sync/verified"] is True and m["rollout/greedy_match"] is True
-    assert m["sync/engines_synced"] == [0, 1] and m["sync/engine/0/verified"] and m["sync/engine/1/verified"], m
-    assert m["timing/sync/engine/0/calls"] > 0 and m["timing/sync/engine/1/calls"] > 0
-    assert m["sync/cross_node"] is True and m["sync/trainer_node"] != m["sync/engine_node"], m
+def test_a_colocated_sync_is_refused_one_broadcast_reaches_both_engines_and_a_dead_one_is_fenced(cluster):
+    """One driver (tests/integration/multinode_driver.py), trainer pinned to one node, two engines to the other:
 
-
-def test_colocated_is_refused_across_nodes_and_a_dead_engine_is_fenced_while_the_other_lands(cluster):
-    """One driver (tests/integration/multinode_driver.py): a colocated sync across nodes is refused before a byte
-    moves, both engines unchanged; then engine 1's scheduler exits mid-sync: it is fenced, engine 0 is restored,
-    retried, and serves the new version, token for token what the trainer says."""
+    - a colocated sync across nodes is refused before a byte moves, both engines unchanged;
+    - one weight-update group of both engines (the rendezvous is the trainer node's address as Ray reports it),
+      each verified bitwise, and the engine answers greedy prompts as the trainer does;
+    - engine 1's scheduler exits mid-sync: it is fenced, engine 0 is restored, retried, and serves the new
+      version, token for token what the trainer says."""
     r = subprocess.run([sys.executable, "-m", "tests.integration.multinode_driver"], env=cluster[0],
                        capture_output=True, text=True, timeout=420)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert "refused" in out["colocated"] and "must share a node" in out["colocated"], out["colocated"]
     assert out["unchanged_after_refusal"] is True and out["versions_after_refusal"] == ["default", "default"]
+    m = out["broadcast"]
+    assert m["sync/verified"] is True and out["greedy_after_broadcast"] is True, m
+    assert m["sync/engines_synced"] == [0, 1] and m["sync/engine/0/verified"] and m["sync/engine/1/verified"], m
+    assert m["timing/sync/engine/0/calls"] > 0 and m["timing/sync/engine/1/calls"] > 0, m
+    assert m["sync/cross_node"] is True and m["sync/trainer_node"] != m["sync/engine_node"], m
     m = out["crash"]
     assert m["sync/engines_synced"] == [0] and m["sync/engines_fenced"] == [1] and m["sync/attempts"] == 2, m
     assert m["sync/verified"] is True and m["sync/engine/0/verified"] is True and len(m["sync/errors"]) == 1

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from labkit import cli
+from labkit.cluster.placement import PlacementSpec
 from labkit.config import TrainConfig, add_arguments, choices, field_docs
 from labkit.engine.config import EngineConfig, SpeculativeConfig
 from labkit.mtp.experiment import ExperimentConfig
@@ -72,6 +73,17 @@ def test_cli_flags_are_generated_from_the_configs():
     assert mult.default is None and "(default: 5.0)" in mult.help  # None keeps RLConfig().train's value
     args = p.parse_args(["sync", "--transport", "distributed", "--bucket-mb", "2", "--verify", "full"])
     assert (args.transport, args.bucket_mb, args.verify, args.memory_budget_mb) == ("distributed", 2.0, "full", None)
+
+
+def test_sync_placement_flags_pin_trainer_and_engines_to_nodes():
+    """What tests/integration/test_multinode.py's driver builds directly, from `labkit sync`'s flags."""
+    from labkit.cli.main_job import placement_of
+
+    args = cli.build_parser().parse_args(["sync", "--placement", "disaggregated", "--trainer-resource", "trainer",
+                                          "--engine-resource", "engine", "--engines", "2"])
+    assert placement_of(args) == PlacementSpec(mode="disaggregated", engines=2, trainer_resource="trainer",
+                                               engine_resource="engine")
+    assert placement_of(cli.build_parser().parse_args(["sync"])) == PlacementSpec()
 
 
 @pytest.mark.parametrize("argv, needle", [
