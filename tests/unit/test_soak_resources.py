@@ -129,3 +129,17 @@ def test_the_object_store_pages_a_process_maps_are_counted_apart(tmp_path):
         child.wait(timeout=30)
         path.unlink(missing_ok=True)
     assert resources.store_pages(child.pid) == 0  # gone: nothing, not an error
+
+
+def test_a_thread_that_comes_and_goes_is_named_not_only_counted():
+    import threading
+
+    before, stop = resources.thread_names(), threading.Event()
+    t = threading.Thread(target=stop.wait, name="labkit-probe_12", daemon=True)
+    t.start()
+    during, tasks = resources.thread_names(), len(os.listdir("/proc/self/task"))
+    stop.set()
+    t.join(timeout=10)
+    assert during - before == {"labkit-probe_#": 1}  # a pool's index is not part of the name
+    assert sum(during.values()) == tasks and during["MainThread"] == 1  # every thread, once
+    assert resources.thread_names() == before

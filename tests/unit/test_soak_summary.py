@@ -91,6 +91,13 @@ def test_the_series_shows_where_a_descriptor_stepped():
     assert m["soak/series"]["threads"]["driver 100"] == [[0, 9]]
 
 
+def test_the_driver_threads_that_came_or_went_are_listed_by_sync():
+    rows = _rows()
+    rows[86]["driver_threads"] = {"added": ["native:grpc_global_tim"], "gone": []}
+    assert _sum(rows)["soak/driver_threads"] == [{"sync": 86, "added": ["native:grpc_global_tim"], "gone": []}]
+    assert _sum(_rows())["soak/driver_threads"] == []
+
+
 def test_an_aborted_soak_says_where_it_stopped():
     from labkit.lab.soak.run import where
 

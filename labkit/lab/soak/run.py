@@ -22,6 +22,7 @@ import shutil
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from labkit import failpoints as fpt
@@ -64,14 +65,24 @@ class Soak:
         ecfg = EngineConfig(model_dir=self.model, dtype="float32", max_total_tokens=4096, mem_fraction_static=0.05,
                             call_timeout_s=cfg.timeout_s)
         runtime.init()
-        self.engines.append(EngineHandle.launch(ecfg))  # 0: an SGLang HTTP server, under client load
-        self.engines.append(EngineHandle.start(ecfg))  # 1: a Ray actor engine; engine faults land here
         self.new_trainer = lambda: Trainer(self.model, ParallelSpec(), TrainConfig(lr=cfg.lr))
-        self.trainer = self.new_trainer()
+        # 0: an HTTP server under client load; 1: a Ray actor, where engine faults land. Both beside the trainer (as
+        # labkit.engine.startup.start_beside); every engine that started is kept for close(), whatever failed.
+        pool = ThreadPoolExecutor(2, thread_name_prefix="labkit-start")
+        starts = [pool.submit(EngineHandle.launch, ecfg), pool.submit(EngineHandle.start, ecfg)]
+        try:
+            self.trainer = self.new_trainer()
+        finally:
+            pool.shutdown(wait=True)
+            self.engines.extend(f.result() for f in starts if f.exception() is None)
+        for f in starts:
+            if f.exception() is not None:
+                raise f.exception()
         self.replicas, self.spec = Replicas(self.engines), engine_spec(self.model, "float32")
         self.load = Load(self.engines[0], [encode(p.prompt) for p in arith.problems(cfg.prompts, seed=7)], cfg)
         self.eval_ids = [encode(p.prompt) for p in arith.evaluation(ACCEPT_PROMPTS)]
         self.restarts, self.reviving, self.revivals = {"trainer": 0}, {}, []
+        self.threads = resources.thread_names()
 
     def close(self) -> None:
         for part in (self.load, self.replicas):
@@ -121,8 +132,11 @@ class Soak:
         steps_s["sync"] = lap()
         row["in_flight"] = self.load.settle((t0, t1))  # labkit requests that overlapped the sync
         steps_s["settle"] = lap()
-        row["resources"] = compact(resources.sample([os.getpid()]))
+        row["resources"] = resources.compact(resources.sample([os.getpid()]))
         row["reviving"] = sorted(self.reviving)  # engines restarting in the background as it was read
+        threads = resources.thread_names()
+        if threads != self.threads:  # which of the driver's threads came or went, by name (soak/driver_threads)
+            row["driver_threads"], self.threads = resources.thread_change(self.threads, threads), threads
         steps_s["sample"] = lap()
         if (st.index + 1) % cfg.accept_every == 0:
             row["acceptance"] = self._acceptance()
@@ -235,16 +249,6 @@ def where(e: BaseException, frames: int = 4) -> str:
 
     tb = traceback.extract_tb(e.__traceback__)[-frames:]
     return " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(tb))
-
-
-def compact(sample: dict) -> dict:
-    """A resource sample in the few numbers the summary reads (a soak keeps one per sync)."""
-    store = sample["object_store"] or {}
-    return {"procs": {p["pid"]: [p["role"], p["rss_bytes"], p["fds"], p["threads"], p["shared_bytes"],
-                                 p["store_pages_bytes"]]
-                      for p in sample["processes"]},
-            "shm_files": sample["shm"]["files"], "shm_bytes": sample["shm"]["bytes"],
-            "store_bytes": store.get("bytes")}
 
 
 def run(cfg: SoakConfig | None = None, on_row=None) -> dict:

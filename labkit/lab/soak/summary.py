@@ -227,6 +227,7 @@ def summarize(rows: list[dict], serving: dict, restarts: dict, cfg, startup_s: f
            "soak/errors": dict(Counter(r["error"][:120] for r in clean if r["error"]))}
     out.update(_faults(rows))
     out["soak/fault_rows"] = [r["fault"] for r in rows if "fault" in r]
+    out["soak/driver_threads"] = [{"sync": r["sync"], **r["driver_threads"]} for r in rows if "driver_threads" in r]
     out.update(_serving(serving, rows))
     out["soak/leaks_judged"] = judged = len(rows) >= cfg.warmup + MIN_SAMPLES
     if judged:  # slopes and levels need samples past warm-up: a short run reports them not judged
