@@ -153,6 +153,26 @@ def test_a_level_above_at_one_reading_and_back_at_the_next_was_in_flight_not_kep
     assert _sum(rows)["soak/levels_exceeded"]["store_bytes"] == 5
 
 
+def test_the_reading_after_the_loop_confirms_or_clears_the_last_syncs_level():
+    """The run reads once more after its last sync (`final`): a transient there is cleared, a leak kept; the
+    confirming reading is never judged alone (it has no next one either)."""
+    import copy
+
+    rows = _rows()
+    rows[-1]["resources"]["procs"][200][2] = 33  # the scheduler +3 descriptors at the last sync's reading
+    final = copy.deepcopy(rows[-2]["resources"])
+
+    def levels(final):
+        return summarize(rows, SERVING, {"trainer": 0}, CFG, 1.0, 2.0, None, final)["soak/levels_exceeded"]
+
+    assert levels(final) == {} and _sum(rows)["soak/levels_exceeded"] == {"fds scheduler 200": 3}
+    final["procs"][200][2] = 32
+    assert levels(final) == {"fds scheduler 200": 2}  # still above after the loop: kept
+    rows[-1]["resources"]["procs"][200][2] = 30
+    final["procs"][200][2] = 40  # above only at the confirming reading: it confirms, it is not judged
+    assert levels(final) == {}
+
+
 def test_a_cache_with_a_cap_of_its_own_is_judged_against_the_cap():
     """Ray's log monitor holds two more descriptors per worker started until it reaches its cap, then closes all."""
     rows = _rows()

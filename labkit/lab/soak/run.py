@@ -281,12 +281,13 @@ def run(cfg: SoakConfig | None = None, on_row=None) -> dict:
         except Exception as e:  # noqa: BLE001 - said in the verdict
             aborted = aborted or f"revival at the end: {type(e).__name__}: {e}"[:400]
         serving, restarts = soak.load.counts(), {**soak.restarts, "revivals": list(soak.revivals)}
+        final = resources.compact(resources.sample([os.getpid()]))  # the last sync's next reading
     finally:
         if soak is not None:
             soak.close()
         rows, _ = log.rows(), log.close()
     out = summarize(rows, serving, restarts, cfg, startup_s, time.perf_counter() - t_start,
-                    {"fds ray log_monitor": int(os.environ.get("RAY_LOG_MONITOR_MAX_OPEN_FILES", "200"))})
+                    {"fds ray log_monitor": int(os.environ.get("RAY_LOG_MONITOR_MAX_OPEN_FILES", "200"))}, final)
     if aborted:
         out.update({"soak/aborted": aborted, "soak/ok": False, "soak/targets_met": False})
     return out

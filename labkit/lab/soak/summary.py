@@ -115,16 +115,20 @@ def _levels(rows: list[dict], procs: dict[str, dict], warmup: int, bounds: dict[
     connections and objects are in flight then, not left behind by a sync; a leak stays and shows in the next.
     For the same reason a reading above the level counts only when the next judged reading is above it too: Ray's
     dashboard and its agent poll on timers of their own, and a connection they hold open for a moment can land on
-    a reading (data/soak_store_pages_cpu.json: the agent +3 descriptors at sync 233, back at 234)."""
+    a reading (data/soak_store_pages_cpu.json: the agent +3 descriptors at sync 233, back at 234). The last sync's
+    next reading is the one the run takes after its loop (`confirming`, judged only as that): without it the last
+    sync's reading counted on its own, and the agent's timer landed there (data/soak_cpu.json at 69cc59c: +3
+    descriptors at sync 329, the last, and at 174, back at 175)."""
     excess: dict[str, float] = {}
     quiet = {r["sync"] for r in rows if not r.get("reviving")}
+    confirming = rows[-1]["sync"] if rows and rows[-1].get("confirming") else None
 
     def judge(key: str, xs: list, vals: list, start: int) -> None:
         level = max((v for x, v in zip(xs, vals) if x < start and v is not None), default=None)
-        read = [v for x, v in zip(xs, vals) if level is not None and x >= start and x in quiet and v is not None]
-        for v, after in zip(read, [*read[1:], None]):  # kept: still above at the next reading (or the last one)
-            kept = v if after is None else min(v, after)
-            if kept > level:
+        read = [(x, v) for x, v in zip(xs, vals) if level is not None and x >= start and x in quiet and v is not None]
+        for (x, v), after in zip(read, [*(v for _, v in read[1:]), None]):  # kept: above at the next reading too
+            kept = v if after is None else min(v, after)  # (the last reading counts alone unless confirmed)
+            if x != confirming and kept > level:
                 excess[key] = max(excess.get(key, 0), kept - level)
 
     xs = [r["sync"] for r in rows]
@@ -209,7 +213,9 @@ def _private(rows: list[dict]) -> dict:
 
 
 def summarize(rows: list[dict], serving: dict, restarts: dict, cfg, startup_s: float, wall_s: float,
-              bounds: dict[str, int] | None = None) -> dict:
+              bounds: dict[str, int] | None = None, final: dict | None = None) -> dict:
+    """The soak's `soak/*` keys from its rows; `final`: the resource reading taken after the loop, which confirms
+    or clears the last sync's levels (`_levels`)."""
     clean = [r for r in rows if "fault" not in r]
     out = {"soak/minutes": cfg.minutes, "soak/seed": cfg.seed, "soak/warmup": cfg.warmup,
            "soak/syncs": len(rows), "soak/syncs_verified": sum(r["verified"] for r in rows),
@@ -233,7 +239,8 @@ def summarize(rows: list[dict], serving: dict, restarts: dict, cfg, startup_s: f
     if judged:  # slopes and levels need samples past warm-up: a short run reports them not judged
         procs = processes(rows, cfg.warmup)
         out.update(_rss(procs, cfg.rss_mb_per_100))
-        out.update(_levels(rows, procs, cfg.warmup, bounds or {}))
+        ends = rows + [{"sync": rows[-1]["sync"] + 1, "resources": final, "confirming": True}] if final else rows
+        out.update(_levels(ends, processes(ends, cfg.warmup) if final else procs, cfg.warmup, bounds or {}))
         out.update(_trends(rows, cfg.warmup))
     out.update(_acceptance(rows))
     out["soak/ok"] = verdict(out, judged)
