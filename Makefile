@@ -19,8 +19,8 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --no-compile -r requirements.txt
 	$(PY) -m pip install -q --no-compile -e . --no-deps
 	@# JupyterLab's jupyter-events asks for jsonschema[format-nongpl], whose rfc3987-syntax builds 39 lark grammars when
-	@# jsonschema is imported, and Ray imports jsonschema: 4 s of CPU in every process that imports ray (each Ray
-	@# daemon, actor and worker; 5.0 s of `import ray` against 0.4). Only jsonschema's optional "iri" check needs it.
+	@# jsonschema is imported, and Ray imports jsonschema: every Ray daemon, actor and worker pays it (`import ray`
+	@# 1.89 s against 0.48, data/import_cost_cpu.json). Only jsonschema's optional "iri" format check needs it.
 	$(PY) -m pip uninstall -q -y rfc3987-syntax
 	-$(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null 2>&1
 	@# One torch only: the version SGLang pins. Fail loudly if a resolver pulled another.
