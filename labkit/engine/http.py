@@ -29,7 +29,7 @@ from labkit.cluster.runtime import free_port
 from labkit.compat import cpu_tp
 from labkit.compat import sglang as compat
 from labkit.engine.actor import MODEL_PACKAGE  # cheap: actor.py imports Ray/SGLang only inside functions
-from labkit.engine.errors import EngineError, EngineUnreachable
+from labkit.engine.errors import EngineError, EngineUnreachable, PortTaken
 
 # torch is imported where a tensor is serialized or a server started: an HTTP client of a running server
 # (and `import labkit.engine`) needs no torch.
@@ -195,6 +195,9 @@ def serialize(obj) -> str:
     return ipc.dumps_str(obj)
 
 
+BIND_FAILED = b"error while attempting to bind on address"  # uvicorn's log line; the server process stays up
+
+
 def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = None, log: Path | None = None,
                  what: str = "") -> None:
     """Poll GET /health until 200; fail early if `proc` exits; never longer than timeout_s."""
@@ -204,6 +207,8 @@ def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = Non
         if proc is not None and proc.poll() is not None:
             raise EngineError(f"SGLang server{what} exited with code {proc.returncode} before {url} became healthy"
                               f"{_log_tail(log)}")
+        if log is not None and log.is_file() and BIND_FAILED in log.read_bytes():
+            raise PortTaken(f"SGLang server{what} could not bind {url}: address already in use{_log_tail(log, 5)}")
         if backend.health(timeout=min(5.0, max(0.5, deadline - time.monotonic()))):
             return
         time.sleep(0.5)

@@ -11,7 +11,7 @@ from labkit.cluster import runtime
 from labkit.compat import cpu_tp
 from labkit.engine.actor import ActorBackend, remote_class
 from labkit.engine.config import EngineConfig
-from labkit.engine.errors import EngineError, EngineUnreachable, Unsupported
+from labkit.engine.errors import EngineError, EngineUnreachable, PortTaken, Unsupported
 from labkit.engine.http import HttpBackend, ServerProcess
 from labkit.models import hf
 
@@ -84,7 +84,13 @@ def start_actor(cfg: EngineConfig, scheduling_strategy=None) -> tuple[ActorBacke
 def launch_server(cfg: EngineConfig, port: int | None = None) -> tuple[HttpBackend, ServerProcess]:
     """An SGLang HTTP server subprocess (127.0.0.1) and a backend talking to it."""
     check_startable(cfg)
-    server = ServerProcess(cfg, port=port)
+    for attempt in range(3):  # a port labkit picked can be taken before the server binds it: pick another
+        try:
+            server = ServerProcess(cfg, port=port)
+            break
+        except PortTaken:
+            if port is not None or attempt == 2:
+                raise
     return HttpBackend(server.url, cfg.call_timeout_s), server
 
 
