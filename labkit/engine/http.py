@@ -200,7 +200,8 @@ BIND_FAILED = b"error while attempting to bind on address"  # uvicorn's log line
 
 def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = None, log: Path | None = None,
                  what: str = "") -> None:
-    """Poll GET /health until 200; fail early if `proc` exits; never longer than timeout_s."""
+    """Poll GET /health until 200; fail early if `proc` exits or its `log` says it could not bind its port
+    (PortTaken: it stays up then); never longer than timeout_s."""
     what = f" for {what}" if what else ""
     backend, deadline = HttpBackend(url, timeout_s), time.monotonic() + timeout_s
     while time.monotonic() < deadline:
