@@ -34,3 +34,35 @@ def test_a_short_soak_lands_or_restores_every_sync_and_serves_every_request_unmi
     assert m["soak/clean_syncs_not_verified"] == 0, m["soak/errors"]
     assert m["soak/acceptance_repeat_equal"] and m["soak/acceptance_changed_at_same_weights"] == 0
     assert m["soak/ok"] is True and rc == 0
+
+
+def test_reading_the_object_store_keeps_one_channel_and_the_drivers_grpc_pool_steady():
+    """Each reading over a new channel (Ray's `get_memory_info_reply`) shrank and regrew grpcio's event-engine
+    pool in the driver, and the soak read those threads as a level that did not come back (data/soak_cpu.json at
+    0571901: two stayed from sync 299). Kept, the pool holds its size from the first reading on."""
+    import time
+
+    import ray
+
+    from labkit.cluster import runtime
+    from labkit.lab.soak import resources
+
+    started_ray = not ray.is_initialized()  # shut down only a Ray this test started (the session engine's stays)
+    if started_ray:
+        runtime.init(num_cpus=1)
+    try:
+        put = ray.remote(lambda b: len(b))
+        resources.object_store()
+        pools, channels = [], set()
+        for _ in range(40):
+            ray.get(put.remote(b"x" * 200_000))  # an argument in the object store, as a bucket is
+            store = resources.object_store()
+            pools.append(resources.thread_names()["native:event_engine"])
+            channels.add(resources.object_store.opened())
+            time.sleep(0.2)
+        assert store is not None and store["bytes"] >= 0
+    finally:
+        if started_ray:
+            runtime.shutdown()
+    assert len(set(pools)) == 1, pools
+    assert len(channels) == 1 and None not in channels

@@ -139,18 +139,59 @@ def shm(root: Path = SHM) -> dict:
     return {"files": len(files), "bytes": total}
 
 
-def object_store() -> dict | None:
-    """Ray's object store across the cluster (bytes in use, objects), from the raylet's memory report; None when
-    this process is not connected to Ray. Asked through the driver's own GCS connection (`ray memory` opens a new
-    client per call: the GCS registered one per sample, and the soak's sampler grew what it measured)."""
-    import ray
+class StoreReader:
+    """Ray's object store across the cluster (bytes in use, objects), from the raylet's memory report (ray 2.60's
+    own `ray memory --stats-only` request), over one gRPC channel to the raylet kept for as long as its address
+    holds. Ray's `internal_api.get_memory_info_reply` opens a new channel per call and leaves it to the garbage
+    collector: every reading was a new connection to the raylet, and grpcio's event-engine pool in the driver
+    shrank and regrew around each (the soak's driver threads: `native:event_engine` came and went all run, and two
+    stayed from sync 299, data/soak_cpu.json at 0571901). Kept, the pool holds one size and the raylet serves one
+    connection (data/soak_store_reader_cpu.json, scripts/store_reader_ab.py)."""
 
-    if not ray.is_initialized():
-        return None
-    from ray._private import internal_api, state  # ray 2.60's own `ray memory --stats-only` source
+    def __init__(self):
+        self._address: str | None = None
+        self._channel = self._stub = None
 
-    stats = internal_api.get_memory_info_reply(state.state).store_stats
-    return {"bytes": int(stats.object_store_bytes_used), "objects": int(stats.num_local_objects)}
+    def __call__(self) -> dict | None:
+        """None when this process is not connected to Ray."""
+        import ray
+
+        if not ray.is_initialized():
+            self.close()
+            return None
+        from ray._private import state
+        from ray.core.generated import node_manager_pb2
+
+        raylet = next(n for n in state.state.node_table() if n["Alive"])  # any raylet answers for the cluster
+        address = f"{raylet['NodeManagerAddress']}:{raylet['NodeManagerPort']}"
+        if address != self._address:  # a new Ray session, or that raylet gone: a channel to the one alive now
+            self._open(address)
+        stats = self._stub.FormatGlobalMemoryInfo(
+            node_manager_pb2.FormatGlobalMemoryInfoRequest(include_memory_info=False), timeout=60.0).store_stats
+        return {"bytes": int(stats.object_store_bytes_used), "objects": int(stats.num_local_objects)}
+
+    def _open(self, address: str) -> None:
+        import ray
+        from ray._private.grpc_utils import init_grpc_channel  # Ray's channel: its TLS, token auth and keepalive
+        from ray.core.generated import node_manager_pb2_grpc
+
+        self.close()
+        size = ray._config.max_grpc_message_size()
+        self._channel = init_grpc_channel(address, options=[("grpc.max_send_message_length", size),
+                                                            ("grpc.max_receive_message_length", size)])
+        self._stub, self._address = node_manager_pb2_grpc.NodeManagerServiceStub(self._channel), address
+
+    def opened(self) -> str | None:
+        """The raylet address its channel is open to (None: none open)."""
+        return self._address
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+        self._address = self._channel = self._stub = None
+
+
+object_store = StoreReader()
 
 
 def settled_object_store(waits_s: tuple[float, ...] = (0.25, 0.5, 1.0)) -> dict | None:
