@@ -34,6 +34,7 @@ from labkit.lab.soak.config import SoakConfig
 from labkit.lab.soak.rowlog import RowLog
 from labkit.lab.soak.schedule import Step, steps
 from labkit.lab.soak.summary import summarize
+from labkit.lab.soak.tracebacks import without_traceback
 
 ACCEPT_PROMPTS = 16  # held-out problems the draft's acceptance is measured on
 ENGINE_KINDS = ("engine_killed", "apply_crash", "apply_hang")  # faults that land in the actor engine: it must serve
@@ -116,10 +117,10 @@ class Soak:
         err, m = None, {}
         try:
             m = self.replicas.sync(self.trainer, scfg, f"s{st.index}")
-        except SyncFailed as e:
-            err, m = e, e.metrics
+        except SyncFailed as e:  # kept for its type and message only (labkit.lab.soak.tracebacks)
+            err, m = without_traceback(e), e.metrics
         except Exception as e:  # noqa: BLE001 - not even a SyncFailed: recorded, the engines checked below
-            err, m = e, {"sync/error": f"{type(e).__name__}: {e}"[:300]}
+            err, m = without_traceback(e), {"sync/error": f"{type(e).__name__}: {e}"[:300]}
         t1 = time.monotonic()
         pause_s = paused_within(served.pauses, t0, t1)
         row = {"sync": st.index, "transport": st.transport, "bucket_mb": st.bucket_mb, "e2e_s": round(t1 - t0, 4),
