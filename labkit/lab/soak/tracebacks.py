@@ -7,7 +7,7 @@ buckets, its engines' replies). In a long-lived process those frames are old by 
 they wait for a full collection, which a process holding millions of objects (torch, SGLang, Megatron imported)
 runs seldom: the soak's driver held ~3 MB from a failed sync at 215 until a later collection, through the 150
 syncs between (data/soak_cpu.json at e6c14a3: its private memory after every fault's trim, 510.2 to 511.9 MB up
-to sync 206, 514.2 to 516.7 from 215 to 359, 512.9 at 368).
+to sync 206, 514.2 to 516.4 from 215 to 359, 512.9 at 368).
 """
 
 from __future__ import annotations
